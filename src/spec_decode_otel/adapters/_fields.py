@@ -1,0 +1,122 @@
+"""Strict field readers shared by the built-in adapters.
+
+Wire payloads come from servers we do not control: every reader accepts exactly the JSON
+type the engine documents (a JSON ``true`` is not the count 1) and returns None
+otherwise, so adapters can map fields without a try/except per line.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from spec_decode_otel._logging import logger
+from spec_decode_otel.capture import ParsedResponse, last_completion_tokens
+from spec_decode_otel.record import MAX_ARRAY_LENGTH, SpecDecodeAcceptanceRecord
+
+
+def exact_int(value: Any) -> int | None:
+    """A non-negative JSON integer, else None."""
+    return value if type(value) is int and value >= 0 else None
+
+
+def finite_number(value: Any) -> float | None:
+    """A finite JSON number (int or float, never bool), else None."""
+    if type(value) in (int, float) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def first_present(mapping: Mapping[str, Any], *names: str) -> Any:
+    """The value of the first of ``names`` present in ``mapping`` (aliases across releases)."""
+    for name in names:
+        if name in mapping:
+            return mapping[name]
+    return None
+
+
+def dense_histogram(value: Any) -> dict[int, int] | None:
+    """A dense list of exact ints (index = accepted drafts) as a sparse dict, else None."""
+    if type(value) is not list or len(value) > MAX_ARRAY_LENGTH:
+        return None
+    sparse: dict[int, int] = {}
+    for j, count in enumerate(value):
+        if type(count) is not int or count < 0:
+            return None
+        if count:
+            sparse[j] = count
+    return sparse
+
+
+def int_array(value: Any) -> list[int] | None:
+    """A per-step array: a list under the size cap (element types checked by the record)."""
+    if type(value) is list and len(value) <= MAX_ARRAY_LENGTH:
+        return value
+    return None
+
+
+def is_present(value: Any) -> bool:
+    """Wire rule: null and an empty object both mean 'absent'."""
+    return isinstance(value, Mapping) and bool(value)
+
+
+def last_choice_field(responses: Sequence[ParsedResponse], name: str) -> Any:
+    """The last present per-choice value of ``name`` across all responses, or None."""
+    for response in reversed(responses):
+        for choice in reversed(response.choices):
+            value = choice.get(name)
+            if value is not None and value != {}:
+                return value
+    return None
+
+
+def choice_has(responses: Sequence[ParsedResponse], name: str) -> bool:
+    return any(name in choice for r in responses for choice in r.choices)
+
+
+def stats_choice_indices(responses: Sequence[ParsedResponse], name: str) -> set[Any]:
+    """Choice indices that carried a present ``name`` object (more than one means n > 1)."""
+    return {
+        choice.get("index")
+        for r in responses
+        for choice in r.choices
+        if is_present(choice.get(name))
+    }
+
+
+def build_record(
+    engine: str, responses: Sequence[ParsedResponse], **fields: Any
+) -> SpecDecodeAcceptanceRecord | None:
+    """Validate the mapped fields into a record; an invariant violation gives None."""
+    try:
+        return SpecDecodeAcceptanceRecord(
+            engine=engine, completion_tokens=last_completion_tokens(responses), **fields
+        )
+    except (ValidationError, ValueError, TypeError) as exc:
+        logger.debug("spec-decode %s payload rejected: %s", engine, _first_error(exc))
+        return None
+
+
+def _first_error(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        errors = exc.errors(include_url=False, include_input=False)
+        if errors:
+            return str(errors[0].get("msg"))
+    return type(exc).__name__
+
+
+def derived_mean_acceptance_length(accepted: int | None, steps: int | None) -> float | None:
+    """1 + accepted/steps (1.0 with no steps), the record's definition; None if unknown."""
+    if accepted is None or steps is None:
+        return None
+    return 1.0 + accepted / steps if steps else 1.0
+
+
+def derived_rate(accepted: int | None, drafted: int | None) -> float | None:
+    """accepted/drafted (0.0 with nothing drafted); None if unknown."""
+    if accepted is None or drafted is None:
+        return None
+    return accepted / drafted if drafted else 0.0

@@ -1,0 +1,64 @@
+"""llama.cpp server (and mlx-vlm, mlxcel): root ``timings`` draft counters.
+
+``draft_n`` (drafted) and ``draft_n_accepted`` (accepted) appear only when something was
+drafted; mlx-vlm/mlxcel add ``draft_rounds`` (verify steps). There is no histogram on the
+wire and none is synthesized: without rounds the record has no steps and no mean
+acceptance length, only the counts and the rate they define.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+from spec_decode_otel.adapters._fields import (
+    build_record,
+    derived_mean_acceptance_length,
+    derived_rate,
+    exact_int,
+)
+from spec_decode_otel.capture import ParsedResponse, is_multi_sequence
+from spec_decode_otel.record import SpecDecodeAcceptanceRecord
+
+
+class LlamaCppAdapter:
+    """Maps llama.cpp-style ``timings`` draft counters."""
+
+    engine: ClassVar[str] = "llamacpp"
+
+    @classmethod
+    def can_adapt(cls, responses: Sequence[ParsedResponse]) -> bool:
+        for response in responses:
+            timings = response.root.get("timings")
+            if isinstance(timings, Mapping) and "draft_n" in timings:
+                return True
+        return False
+
+    @classmethod
+    def adapt(cls, responses: Sequence[ParsedResponse]) -> SpecDecodeAcceptanceRecord | None:
+        if is_multi_sequence(responses):
+            return None
+        for response in reversed(responses):
+            timings = response.root.get("timings")
+            if isinstance(timings, Mapping) and "draft_n" in timings:
+                break
+        else:
+            return None
+        drafted = exact_int(timings.get("draft_n"))
+        accepted = exact_int(timings.get("draft_n_accepted"))
+        if drafted is None or accepted is None:
+            return None
+        rounds = None
+        if "draft_rounds" in timings:
+            rounds = exact_int(timings["draft_rounds"])
+            if rounds is None:
+                return None
+        return build_record(
+            cls.engine,
+            responses,
+            mean_acceptance_length=derived_mean_acceptance_length(accepted, rounds),
+            draft_acceptance_rate=derived_rate(accepted, drafted),
+            num_accepted_draft_tokens=accepted,
+            num_draft_tokens=drafted,
+            num_spec_steps=rounds,
+        )

@@ -1,0 +1,107 @@
+"""SGLang: ``sglext.spec_tokens_details`` (root) or per-choice ``meta_info``.
+
+SGLang renamed its counters across releases, so each count is read through its aliases,
+newest first. Its ``spec_accept_length`` counts the prefill token (completion tokens /
+verify steps), which is not the record's definition, so the mean acceptance length is
+always derived from the counts instead of taken verbatim; the rate likewise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from spec_decode_otel.adapters._fields import (
+    build_record,
+    dense_histogram,
+    derived_mean_acceptance_length,
+    derived_rate,
+    exact_int,
+    first_present,
+    is_present,
+    stats_choice_indices,
+)
+from spec_decode_otel.capture import ParsedResponse, is_multi_sequence
+from spec_decode_otel.record import SpecDecodeAcceptanceRecord
+
+_STEPS = ("spec_verify_ct",)
+_ACCEPTED = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
+_DRAFTED = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")
+_HISTOGRAM = ("spec_correct_drafts_histogram", "spec_accept_histogram")
+_SIGNATURE = _STEPS + _ACCEPTED + _DRAFTED + _HISTOGRAM
+
+
+def _sglext_details(response: ParsedResponse) -> Any:
+    sglext = response.root.get("sglext")
+    return sglext.get("spec_tokens_details") if isinstance(sglext, Mapping) else None
+
+
+def _meta_has_spec(choice: Mapping[str, Any]) -> bool:
+    meta = choice.get("meta_info")
+    return isinstance(meta, Mapping) and any(name in meta for name in _SIGNATURE)
+
+
+class SglangAdapter:
+    """Maps SGLang's spec-token details, whichever of its two locations carries them."""
+
+    engine: ClassVar[str] = "sglang"
+
+    @classmethod
+    def can_adapt(cls, responses: Sequence[ParsedResponse]) -> bool:
+        for response in responses:
+            sglext = response.root.get("sglext")
+            if isinstance(sglext, Mapping) and "spec_tokens_details" in sglext:
+                return True
+            if any(_meta_has_spec(choice) for choice in response.choices):
+                return True
+        return False
+
+    @classmethod
+    def adapt(cls, responses: Sequence[ParsedResponse]) -> SpecDecodeAcceptanceRecord | None:
+        if is_multi_sequence(responses) or len(stats_choice_indices(responses, "meta_info")) > 1:
+            return None
+        details = cls._last_details(responses)
+        if details is None:
+            return None
+        steps = exact_int(first_present(details, *_STEPS))
+        accepted = exact_int(first_present(details, *_ACCEPTED))
+        drafted = exact_int(first_present(details, *_DRAFTED))
+        if accepted is None or (steps is None and drafted is None):
+            return None
+        raw_hist = first_present(details, *_HISTOGRAM)
+        hist = None
+        k = None
+        if raw_hist is not None:
+            hist = dense_histogram(raw_hist)
+            if hist is None or not raw_hist:
+                return None
+            # SGLang's dense histogram has one bucket per possible accepted count, 0..k.
+            k = len(raw_hist) - 1
+        return build_record(
+            cls.engine,
+            responses,
+            mean_acceptance_length=derived_mean_acceptance_length(accepted, steps),
+            draft_acceptance_rate=derived_rate(accepted, drafted),
+            acceptance_histogram=hist,
+            num_accepted_draft_tokens=accepted,
+            num_draft_tokens=drafted,
+            num_spec_steps=steps,
+            num_spec_tokens=k,
+        )
+
+    @staticmethod
+    def _last_details(responses: Sequence[ParsedResponse]) -> Mapping[str, Any] | None:
+        for response in reversed(responses):
+            details = _sglext_details(response)
+            if isinstance(details, list):
+                # One entry per choice: more than one sequence means no request-level record.
+                if len(details) != 1:
+                    return None
+                details = details[0]
+            if is_present(details):
+                return details
+            for choice in reversed(response.choices):
+                meta = choice.get("meta_info")
+                if isinstance(meta, Mapping) and _meta_has_spec(choice):
+                    return meta
+        return None

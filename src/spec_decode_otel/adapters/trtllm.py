@@ -1,0 +1,84 @@
+"""TensorRT-LLM: the per-choice ``speculative_decoding`` object, or only an average.
+
+The full object (open PR NVIDIA/TensorRT-LLM#19311, server opt-in
+``per_request_spec_decode_stats: true``) gives counts and a dense histogram; the mean
+acceptance length is derived (1 + accepted/steps) since the engine sends none.
+``num_spec_tokens`` is null under a draft-length schedule.
+
+Released servers send only ``avg_decoded_tokens_per_iter`` per choice (every streamed
+chunk; the last one wins). That is an acceptance length and nothing else, so the record
+is partial: ``mean_acceptance_length`` set, every count None. No count is invented.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from spec_decode_otel.adapters._fields import (
+    build_record,
+    choice_has,
+    dense_histogram,
+    derived_mean_acceptance_length,
+    exact_int,
+    finite_number,
+    last_choice_field,
+    stats_choice_indices,
+)
+from spec_decode_otel.capture import ParsedResponse, is_multi_sequence
+from spec_decode_otel.record import SpecDecodeAcceptanceRecord
+
+_STATS = "speculative_decoding"
+_AVERAGE = "avg_decoded_tokens_per_iter"
+
+
+class TensorRtLlmAdapter:
+    """Maps TensorRT-LLM's per-choice stats, full or acceptance-length-only."""
+
+    engine: ClassVar[str] = "tensorrt_llm"
+
+    @classmethod
+    def can_adapt(cls, responses: Sequence[ParsedResponse]) -> bool:
+        return choice_has(responses, _STATS) or choice_has(responses, _AVERAGE)
+
+    @classmethod
+    def adapt(cls, responses: Sequence[ParsedResponse]) -> SpecDecodeAcceptanceRecord | None:
+        if is_multi_sequence(responses) or len(stats_choice_indices(responses, _STATS)) > 1:
+            return None
+        stats = last_choice_field(responses, _STATS)
+        if stats is not None:
+            return cls._full(stats, responses)
+        average = finite_number(last_choice_field(responses, _AVERAGE))
+        if average is None:
+            return None
+        return build_record(cls.engine, responses, mean_acceptance_length=average)
+
+    @classmethod
+    def _full(cls, stats: object, responses: Sequence[ParsedResponse]):
+        if not isinstance(stats, dict):
+            return None
+        raw_hist = stats.get("acceptance_histogram")
+        hist = dense_histogram(raw_hist)
+        k_raw = stats.get("num_spec_tokens")
+        k = exact_int(k_raw)
+        if hist is None or (k_raw is not None and (k is None or len(raw_hist) != k + 1)):
+            return None
+        steps = exact_int(stats.get("num_spec_steps"))
+        accepted = exact_int(stats.get("total_accepted_draft_tokens"))
+        drafted = exact_int(stats.get("total_draft_tokens"))
+        if steps is None or accepted is None or drafted is None:
+            return None
+        rate = stats.get("acceptance_rate")
+        return build_record(
+            cls.engine,
+            responses,
+            mean_acceptance_length=derived_mean_acceptance_length(accepted, steps),
+            draft_acceptance_rate=(
+                finite_number(rate) if rate is not None else (accepted / drafted if drafted else 0.0)
+            ),
+            acceptance_histogram=hist,
+            num_accepted_draft_tokens=accepted,
+            num_draft_tokens=drafted,
+            num_spec_steps=steps,
+            num_spec_tokens=k,
+        )

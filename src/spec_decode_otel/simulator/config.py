@@ -1,0 +1,95 @@
+"""Simulator configuration: one immutable object shared by the CLI, the app and tests."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from spec_decode_otel.simulator.acceptance import AcceptanceProfile
+
+Engine = Literal[
+    "vllm", "vllm-premerge", "sglang", "trtllm", "trtllm-released", "llamacpp", "none"
+]
+Level = Literal["none", "summary", "detailed"]
+
+ENGINES: tuple[str, ...] = (
+    "vllm",
+    "vllm-premerge",
+    "sglang",
+    "trtllm",
+    "trtllm-released",
+    "llamacpp",
+    "none",
+)
+LEVELS: tuple[str, ...] = ("none", "summary", "detailed")
+
+
+class SimulatorConfig(BaseModel):
+    """How the simulated server behaves; every field has a CLI flag (see ``cli.py``).
+
+    Per-request headers (``x-spec-decode-engine``, ``x-spec-decode-level``,
+    ``x-sim-draft-schedule``, ``x-sim-seed``, ``x-sim-fault``, ``x-sim-delay-ms``) override
+    the engine-facing parts for one request, so one server can speak every shape.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    engine: Engine = "vllm"
+    level: Level = "detailed"
+    k: int = Field(4, ge=1, le=64, description="draft length when no schedule is given")
+    alpha: float = Field(0.7, ge=0.0, le=1.0, description="scalar per-position acceptance")
+    alpha_vector: tuple[float, ...] | None = Field(
+        None, description="conditional acceptance per draft position; overrides alpha"
+    )
+    model_alphas: dict[str, tuple[float, ...]] = Field(
+        default_factory=dict, description="model name -> acceptance (scalar or per position)"
+    )
+    draft_schedule: tuple[int, ...] | None = Field(
+        None, description="draft length per verify step, cycled; overrides k"
+    )
+    seed: int = 0
+    force_include_usage: bool = False
+    llamacpp_rounds: bool = False
+    served_model: str = "spec-sim"
+    min_length: int = Field(64, ge=1, description="natural completion length, lower bound")
+    max_length: int = Field(256, ge=1, description="natural completion length, upper bound")
+    step_delay_ms: float = Field(
+        0.0, ge=0.0, description="real time spent per streamed chunk (0 = as fast as possible)"
+    )
+
+    @field_validator("alpha_vector", "model_alphas")
+    @classmethod
+    def _probabilities(cls, value: object) -> object:
+        vectors = value.values() if isinstance(value, dict) else [value] if value else []
+        for vec in vectors:
+            if not vec or any(not 0.0 <= a <= 1.0 for a in vec):
+                raise ValueError(f"acceptance probabilities must be in [0, 1]: {vec}")
+        return value
+
+    @field_validator("draft_schedule")
+    @classmethod
+    def _schedule(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and (not value or any(d < 1 for d in value)):
+            raise ValueError(f"draft lengths must be >= 1: {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _lengths(self) -> SimulatorConfig:
+        if self.min_length > self.max_length:
+            raise ValueError("min_length must not exceed max_length")
+        return self
+
+    def profile_for(
+        self, model: str, schedule: tuple[int, ...] | None = None
+    ) -> AcceptanceProfile:
+        """The acceptance profile for one request's model (and optional schedule override)."""
+        alphas = self.model_alphas.get(model) or self.alpha_vector or (self.alpha,)
+        return AcceptanceProfile(
+            alphas=tuple(alphas), schedule=schedule or self.draft_schedule or (self.k,)
+        )
+
+    @property
+    def models(self) -> list[str]:
+        """Names listed by ``GET /v1/models``: the served name plus every configured one."""
+        return [self.served_model, *[m for m in self.model_alphas if m != self.served_model]]

@@ -88,10 +88,7 @@ def sdk_chunk_matters(chunk: Any) -> bool:
     """
     if chunk.model_extra or getattr(chunk, "usage", None) is not None:
         return True
-    for choice in chunk.choices or ():
-        if choice.model_extra or choice.index:
-            return True
-    return False
+    return any(choice.model_extra or choice.index for choice in chunk.choices or ())
 
 
 def is_multi_sequence(responses: Sequence[ParsedResponse]) -> bool:

@@ -15,6 +15,7 @@ gaps: a quantity the engine did not report is ``None`` here, and telemetry omits
 from __future__ import annotations
 
 import math
+import operator
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
@@ -118,9 +119,8 @@ class SpecDecodeAcceptanceRecord(BaseModel):
         self._check_per_step(self.per_step_accepted, accepted, "accepted")
         self._check_per_step(self.per_step_drafted, drafted, "drafted")
         per_acc, per_drf = self.per_step_accepted, self.per_step_drafted
-        if per_acc is not None and per_drf is not None:
-            if any(a > d for a, d in zip(per_acc, per_drf)):
-                raise ValueError("a step accepted more drafts than it drafted")
+        if per_acc is not None and per_drf is not None and any(map(operator.gt, per_acc, per_drf)):
+            raise ValueError("a step accepted more drafts than it drafted")
         if per_drf is not None and k is not None and per_drf and max(per_drf) > k:
             raise ValueError("a step drafted more than num_spec_tokens")
 

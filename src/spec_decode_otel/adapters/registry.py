@@ -67,9 +67,10 @@ def _load_plugins() -> list[type[SpecDecodeAdapter]]:
         except Exception:
             _report_failure(ep.value, "load")
             continue
-        if not (callable(getattr(adapter, "can_adapt", None)) and callable(
-            getattr(adapter, "adapt", None)
-        )):
+        if not (
+            callable(getattr(adapter, "can_adapt", None))
+            and callable(getattr(adapter, "adapt", None))
+        ):
             logger.warning("entry point %s is not a spec-decode adapter; ignored", ep.value)
             continue
         if adapter not in BUILTIN_ADAPTERS and adapter not in plugins:

@@ -20,6 +20,7 @@ from spec_decode_otel.adapters._fields import (
     choice_has,
     dense_histogram,
     derived_mean_acceptance_length,
+    derived_rate,
     exact_int,
     finite_number,
     last_choice_field,
@@ -69,13 +70,15 @@ class TensorRtLlmAdapter:
         if steps is None or accepted is None or drafted is None:
             return None
         rate = stats.get("acceptance_rate")
+        if rate is not None:
+            rate = finite_number(rate)
+            if rate is None:
+                return None
         return build_record(
             cls.engine,
             responses,
             mean_acceptance_length=derived_mean_acceptance_length(accepted, steps),
-            draft_acceptance_rate=(
-                finite_number(rate) if rate is not None else (accepted / drafted if drafted else 0.0)
-            ),
+            draft_acceptance_rate=rate if rate is not None else derived_rate(accepted, drafted),
             acceptance_histogram=hist,
             num_accepted_draft_tokens=accepted,
             num_draft_tokens=drafted,

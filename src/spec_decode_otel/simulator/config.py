@@ -8,9 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from spec_decode_otel.simulator.acceptance import AcceptanceProfile
 
-Engine = Literal[
-    "vllm", "vllm-premerge", "sglang", "trtllm", "trtllm-released", "llamacpp", "none"
-]
+Engine = Literal["vllm", "vllm-premerge", "sglang", "trtllm", "trtllm-released", "llamacpp", "none"]
 Level = Literal["none", "summary", "detailed"]
 
 ENGINES: tuple[str, ...] = (
@@ -80,9 +78,7 @@ class SimulatorConfig(BaseModel):
             raise ValueError("min_length must not exceed max_length")
         return self
 
-    def profile_for(
-        self, model: str, schedule: tuple[int, ...] | None = None
-    ) -> AcceptanceProfile:
+    def profile_for(self, model: str, schedule: tuple[int, ...] | None = None) -> AcceptanceProfile:
         """The acceptance profile for one request's model (and optional schedule override)."""
         alphas = self.model_alphas.get(model) or self.alpha_vector or (self.alpha,)
         return AcceptanceProfile(

@@ -1,0 +1,38 @@
+"""An OpenAI-compatible speculative-decoding server that speaks every engine's wire shape.
+
+It exists so the instrumentation can be tested (and demonstrated) end to end over real
+HTTP without a GPU: the numbers it reports come from a seeded acceptance model and obey
+each engine's identities, and faults can be switched on per request.
+
+    from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer
+    with SimulatorServer(SimulatorConfig(engine="vllm", k=4, alpha=0.7)) as sim:
+        client = openai.OpenAI(base_url=sim.base_url, api_key="x")
+
+FastAPI and uvicorn come with the ``simulator`` extra.
+"""
+
+from spec_decode_otel.simulator.acceptance import (
+    AcceptanceProfile,
+    Generation,
+    expected_acceptance_length,
+    generate,
+    sample_step,
+)
+from spec_decode_otel.simulator.app import create_app
+from spec_decode_otel.simulator.config import ENGINES, LEVELS, SimulatorConfig
+from spec_decode_otel.simulator.faults import FAULTS
+from spec_decode_otel.simulator.server import SimulatorServer
+
+__all__ = [
+    "ENGINES",
+    "FAULTS",
+    "LEVELS",
+    "AcceptanceProfile",
+    "Generation",
+    "SimulatorConfig",
+    "SimulatorServer",
+    "create_app",
+    "expected_acceptance_length",
+    "generate",
+    "sample_step",
+]

@@ -1,0 +1,566 @@
+"""The ASGI app: an OpenAI-compatible server that speaks every engine's stats shape.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+``GET /health``. One request is planned in full before a byte is sent (see ``plan.py``);
+this module only renders the plan as a JSON body or an SSE stream in the shape of the
+engine chosen for the request, and applies the requested faults.
+
+Per-request headers:
+
+- ``x-spec-decode-engine``: vllm | vllm-premerge | sglang | trtllm | trtllm-released |
+  llamacpp | none (default: the server's ``engine``)
+- ``x-spec-decode-level``: none | summary | detailed (vLLM shapes and TRT-LLM)
+- ``x-sim-draft-schedule``: e.g. ``2,4,4,6`` (draft length per verify step, cycled)
+- ``x-sim-seed``: makes the request's sample depend on this seed alone
+- ``x-sim-fault``: see ``faults.py``; ``x-sim-delay-ms`` for ``slow`` (default 50)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response, StreamingResponse
+
+from spec_decode_otel.simulator import faults as F
+from spec_decode_otel.simulator import shapes
+from spec_decode_otel.simulator.acceptance import AcceptanceProfile, parse_ints
+from spec_decode_otel.simulator.config import ENGINES, LEVELS, SimulatorConfig
+from spec_decode_otel.simulator.plan import (
+    ChoicePlan,
+    choice_rng,
+    count_prompt_tokens,
+    plan_choice,
+)
+
+JSON = dict[str, Any]
+
+HEADER_ENGINE = "x-spec-decode-engine"
+HEADER_LEVEL = "x-spec-decode-level"
+HEADER_SCHEDULE = "x-sim-draft-schedule"
+HEADER_SEED = "x-sim-seed"
+HEADER_FAULT = "x-sim-fault"
+HEADER_DELAY = "x-sim-delay-ms"
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool | None = False
+
+
+class _CommonRequest(BaseModel):
+    """Fields every OpenAI-compatible server reads; unknown ones are kept, not refused."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str
+    n: int = Field(1, ge=1, le=128)
+    max_tokens: int | None = Field(None, ge=1)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    # SGLang request extensions
+    return_spec_tokens_details: bool | None = False
+    return_meta_info: bool | None = False
+
+    @property
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatCompletionRequest(_CommonRequest):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+class CompletionRequest(_CommonRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+
+
+class SimulatorError(Exception):
+    """An OpenAI-style error answer (status, message, type, code)."""
+
+    def __init__(self, status: int, message: str, type_: str, code: str | int | None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code = status, message, type_, code
+
+
+def dumps(obj: object) -> str:
+    """Compact JSON that lets NaN/Infinity through as bare tokens, as Python's json does
+    (Starlette's JSONResponse refuses them; the ``nan`` fault needs them on the wire)."""
+    return json.dumps(obj, separators=(",", ":"), allow_nan=True)
+
+
+def json_response(
+    obj: object, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    return Response(dumps(obj), status_code=status, media_type="application/json", headers=headers)
+
+
+def error_body(message: str, type_: str, code: str | int | None, param: str | None = None) -> JSON:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+@dataclass
+class RequestPlan:
+    """Everything needed to render one response, decided before anything is sent."""
+
+    kind: Literal["chat", "completion"]
+    engine: str
+    level: str
+    profile: AcceptanceProfile
+    model: str
+    request_id: str
+    created: int
+    prompt_tokens: int
+    n_sequences: int
+    choices: list[ChoicePlan]
+    include_usage: bool
+    sglang_details: bool
+    sglang_meta: bool
+    llamacpp_rounds: bool
+    faults: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def object_name(self) -> str:
+        return "chat.completion" if self.kind == "chat" else "text_completion"
+
+    @property
+    def chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+
+    @property
+    def single(self) -> bool:
+        return self.n_sequences == 1
+
+    def usage(self) -> JSON:
+        completion = sum(c.completion_tokens for c in self.choices)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+
+    def header(self) -> JSON:
+        return {
+            "id": self.request_id,
+            "object": self.chunk_object,
+            "created": self.created,
+            "model": self.model,
+        }
+
+    # --- engine payloads (fresh objects each call, so faults never leak between uses) --
+
+    def vllm_metrics(self) -> JSON | None:
+        """Root ``metrics`` for the merged vLLM shape; no spec key at level none."""
+        if self.engine != "vllm":
+            return None
+        if not self.single:
+            return {
+                "time_to_first_token_ms": round(12.0 + 0.02 * self.prompt_tokens, 3),
+                "speculative_decoding": None,
+            }
+        gen = self.choices[0].generation
+        out = shapes.vllm_timing_metrics(gen, self.prompt_tokens)
+        if self.level != "none":
+            stats = shapes.vllm_merged(gen, self.profile, self.level)
+            F.corrupt_stats(stats, "vllm", self.faults)
+            out["speculative_decoding"] = stats
+        return out
+
+    def premerge_stats(self, choice: ChoicePlan) -> JSON | None:
+        if self.level == "none":
+            return None
+        stats = shapes.vllm_premerge(choice.generation, self.profile, self.level)
+        F.corrupt_stats(stats, "vllm-premerge", self.faults)
+        return stats
+
+    def trtllm_stats(self, choice: ChoicePlan) -> JSON | None:
+        if self.level == "none":
+            return None
+        stats = shapes.trtllm_stats(choice.generation, self.profile)
+        if stats is not None:
+            F.corrupt_stats(stats, "trtllm", self.faults)
+        return stats
+
+    def avg_decoded(self, steps: int, accepted: int) -> object:
+        return F.corrupt_avg_decoded(shapes.trtllm_avg_decoded(steps, accepted), self.faults)
+
+    def sglext(self) -> JSON | None:
+        if not self.sglang_details:
+            return None
+        details = []
+        for c in self.choices:
+            d = shapes.sglang_details(c.generation, self.profile)
+            F.corrupt_stats(d, "sglang", self.faults)
+            details.append(d)
+        return {"spec_tokens_details": details[0] if self.single else details}
+
+    def meta_info(self, choice: ChoicePlan) -> JSON:
+        meta = shapes.sglang_meta_info(
+            choice.generation,
+            self.profile,
+            self.request_id,
+            choice.finish_reason,
+            self.prompt_tokens,
+        )
+        F.corrupt_stats(meta, "sglang", self.faults)
+        return meta
+
+    def llamacpp_timings(self) -> JSON:
+        timings = shapes.llamacpp_timings(
+            self.choices[0].generation, self.prompt_tokens, self.llamacpp_rounds
+        )
+        F.corrupt_llamacpp(timings, self.faults)
+        return timings
+
+    # --- non-streaming ------------------------------------------------------------------
+
+    def choice_extras(self, choice: ChoicePlan) -> JSON:
+        """Per-choice engine fields of a non-streaming response."""
+        out: JSON = {}
+        if self.engine == "vllm-premerge":
+            out["speculative_decoding_stats"] = self.premerge_stats(choice)
+        elif self.engine in ("trtllm", "trtllm-released"):
+            gen = choice.generation
+            out["avg_decoded_tokens_per_iter"] = self.avg_decoded(
+                gen.num_spec_steps, gen.num_accepted_draft_tokens
+            )
+            if self.engine == "trtllm":
+                stats = self.trtllm_stats(choice)
+                if stats is not None:
+                    out["speculative_decoding"] = stats
+        elif self.engine == "sglang" and self.sglang_meta:
+            out["meta_info"] = self.meta_info(choice)
+        return out
+
+    def response(self) -> JSON:
+        choices = []
+        for c in self.choices:
+            if self.kind == "chat":
+                body: JSON = {
+                    "index": c.index,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": None,
+                    "finish_reason": c.finish_reason,
+                }
+            else:
+                body = {
+                    "index": c.index,
+                    "text": c.text,
+                    "logprobs": None,
+                    "finish_reason": c.finish_reason,
+                }
+            body.update(self.choice_extras(c))
+            choices.append(body)
+        out: JSON = {
+            "id": self.request_id,
+            "object": self.object_name,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": self.usage(),
+            "system_fingerprint": None,
+        }
+        self._root_extras(out)
+        return out
+
+    def _root_extras(self, out: JSON) -> None:
+        if self.engine == "vllm":
+            out["metrics"] = self.vllm_metrics()
+        elif self.engine == "sglang":
+            ext = self.sglext()
+            if ext is not None:
+                out["sglext"] = ext
+        elif self.engine == "llamacpp":
+            out["timings"] = self.llamacpp_timings()
+
+    # --- streaming ----------------------------------------------------------------------
+
+    def _chunk(self, choices: list[JSON]) -> JSON:
+        return {**self.header(), "choices": choices}
+
+    def _choice(self, index: int, text: str | None, finish: str | None, role: bool = False) -> JSON:
+        if self.kind == "chat":
+            delta: JSON = {}
+            if role:
+                delta = {"role": "assistant", "content": ""}
+            elif text is not None:
+                delta = {"content": text}
+            return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+    def chunks(self) -> Iterator[JSON]:
+        """The stream, chunk by chunk: role, one content chunk per verify step (choices
+        interleaved), one finish_reason chunk per choice, engine tails, usage."""
+        trt = self.engine in ("trtllm", "trtllm-released")
+        running = {c.index: [0, 0] for c in self.choices}  # steps, accepted so far
+
+        def with_avg(choice: JSON, index: int) -> JSON:
+            if trt:
+                steps, accepted = running[index]
+                choice["avg_decoded_tokens_per_iter"] = self.avg_decoded(steps, accepted)
+            return choice
+
+        if self.kind == "chat":
+            for c in self.choices:
+                yield self._chunk([with_avg(self._choice(c.index, None, None, role=True), c.index)])
+        longest = max(len(c.pieces) for c in self.choices)
+        for i in range(longest):
+            for c in self.choices:
+                if i >= len(c.pieces):
+                    continue
+                if i > 0:
+                    running[c.index][0] += 1
+                    running[c.index][1] += c.generation.per_step_accepted[i - 1]
+                if c.pieces[i]:
+                    yield self._chunk([with_avg(self._choice(c.index, c.pieces[i], None), c.index)])
+
+        last_is_finish = not self.include_usage
+        for pos, c in enumerate(self.choices):
+            choice = with_avg(
+                self._choice(c.index, None if self.kind == "chat" else "", c.finish_reason), c.index
+            )
+            if self.engine == "vllm-premerge":
+                choice["speculative_decoding_stats"] = self.premerge_stats(c)
+            elif self.engine == "trtllm":
+                stats = self.trtllm_stats(c)
+                if stats is not None:
+                    choice["speculative_decoding"] = stats
+            elif self.engine == "sglang" and self.sglang_meta:
+                choice["meta_info"] = self.meta_info(c)
+            chunk = self._chunk([choice])
+            if self.engine == "llamacpp" and last_is_finish and pos == len(self.choices) - 1:
+                chunk["timings"] = self.llamacpp_timings()
+            yield chunk
+
+        if self.engine == "sglang":
+            ext = self.sglext()
+            if ext is not None:
+                yield {**self._chunk([]), "sglext": ext}
+
+        if self.include_usage:
+            chunk = {**self._chunk([]), "usage": self.usage()}
+            if self.engine == "vllm":
+                chunk["metrics"] = self.vllm_metrics()
+            elif self.engine == "llamacpp":
+                chunk["timings"] = self.llamacpp_timings()
+            yield chunk
+
+
+class Simulator:
+    """Turns validated requests into plans; holds the request counter behind the seeds."""
+
+    def __init__(self, config: SimulatorConfig) -> None:
+        self.config = config
+        self._counter = itertools.count()
+
+    def plan(
+        self, kind: Literal["chat", "completion"], req: _CommonRequest, request: Request
+    ) -> RequestPlan:
+        cfg = self.config
+        headers = request.headers
+        engine = (headers.get(HEADER_ENGINE) or cfg.engine).strip().lower()
+        if engine not in ENGINES:
+            raise SimulatorError(
+                400, f"unknown {HEADER_ENGINE}: {engine!r}", "invalid_request_error", None
+            )
+        level = (headers.get(HEADER_LEVEL) or cfg.level).strip().lower()
+        if level not in LEVELS:
+            raise SimulatorError(
+                400, f"unknown {HEADER_LEVEL}: {level!r}", "invalid_request_error", None
+            )
+        try:
+            schedule = (
+                parse_ints(headers[HEADER_SCHEDULE]) if headers.get(HEADER_SCHEDULE) else None
+            )
+            profile = cfg.profile_for(req.model, schedule or None)
+            seed_header = headers.get(HEADER_SEED)
+            seed, request_no = (
+                (int(seed_header), 0) if seed_header else (cfg.seed, next(self._counter))
+            )
+            faults = F.parse_faults(headers.get(HEADER_FAULT))
+        except ValueError as exc:
+            raise SimulatorError(400, str(exc), "invalid_request_error", None) from exc
+
+        if kind == "chat":
+            assert isinstance(req, ChatCompletionRequest)
+            prompts: list[object] = [req.messages]
+            max_tokens = req.max_completion_tokens or req.max_tokens
+        else:
+            assert isinstance(req, CompletionRequest)
+            p = req.prompt
+            multi = isinstance(p, list) and len(p) > 0 and not isinstance(p[0], int)
+            prompts = list(p) if multi else [p]
+            max_tokens = req.max_tokens
+        if engine == "llamacpp" and (req.n != 1 or len(prompts) != 1):
+            raise SimulatorError(
+                400, "Only one completion choice is allowed", "invalid_request_error", None
+            )
+        n_sequences = req.n * len(prompts)
+        choices = [
+            plan_choice(
+                choice_rng(seed, request_no, i),
+                profile,
+                i,
+                max_tokens,
+                req.stops,
+                (cfg.min_length, cfg.max_length),
+            )
+            for i in range(n_sequences)
+        ]
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        if cfg.force_include_usage and engine in ("vllm", "vllm-premerge"):
+            include_usage = True
+        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+        return RequestPlan(
+            kind=kind,
+            engine=engine,
+            level=level,
+            profile=profile,
+            model=req.model,
+            request_id=prefix + uuid.uuid4().hex,
+            created=int(time.time()),
+            prompt_tokens=sum(count_prompt_tokens(p) for p in prompts),
+            n_sequences=n_sequences,
+            choices=choices,
+            include_usage=include_usage,
+            sglang_details=bool(req.return_spec_tokens_details),
+            sglang_meta=bool(req.return_meta_info),
+            llamacpp_rounds=cfg.llamacpp_rounds,
+            faults=faults,
+        )
+
+
+class _DropFilter(logging.Filter):
+    """Keep uvicorn's log free of the tracebacks our deliberate disconnects cause."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        while exc is not None:
+            if isinstance(exc, F.SimulatedDisconnect):
+                return False
+            group = getattr(exc, "exceptions", None)  # an ExceptionGroup from anyio
+            exc = exc.__cause__ or exc.__context__ or (group[0] if group else None)
+        return True
+
+
+def _delay_seconds(request: Request, faults: frozenset[str], config: SimulatorConfig) -> float:
+    if "slow" in faults:
+        try:
+            return float(request.headers.get(HEADER_DELAY) or F.DEFAULT_DELAY_MS) / 1000.0
+        except ValueError:
+            return F.DEFAULT_DELAY_MS / 1000.0
+    return config.step_delay_ms / 1000.0
+
+
+async def _sse(plan: RequestPlan, delay: float) -> AsyncIterator[bytes]:
+    for i, chunk in enumerate(plan.chunks()):
+        if "drop-mid-stream" in plan.faults and i >= F.DROP_AFTER_CHUNKS:
+            raise F.SimulatedDisconnect("drop-mid-stream")
+        if delay and i:
+            await asyncio.sleep(delay)
+        yield f"data: {dumps(chunk)}\n\n".encode()
+    if "drop-mid-stream" in plan.faults:
+        raise F.SimulatedDisconnect("drop-mid-stream")
+    yield b"data: [DONE]\n\n"
+
+
+async def _truncated_body(body: bytes) -> AsyncIterator[bytes]:
+    yield body[: max(1, len(body) // 2)]
+    raise F.SimulatedDisconnect("drop-mid-stream")
+
+
+def create_app(config: SimulatorConfig | None = None) -> FastAPI:
+    """Build the ASGI app for ``config`` (defaults: vLLM merged shape, detailed, k=4, alpha 0.7)."""
+    config = config or SimulatorConfig()
+    sim = Simulator(config)
+    app = FastAPI(title="spec-decode-otel simulator", docs_url=None, redoc_url=None)
+    app.state.simulator = sim
+    logging.getLogger("uvicorn.error").addFilter(_DropFilter())
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        msg = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
+        return json_response(
+            error_body(msg, "invalid_request_error", None, ".".join(loc) or None), 400
+        )
+
+    @app.exception_handler(SimulatorError)
+    async def _sim_error(request: Request, exc: SimulatorError) -> Response:
+        return json_response(error_body(exc.message, exc.type, exc.code), exc.status)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return json_response({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        created = int(time.time())
+        data = [
+            {"id": m, "object": "model", "created": created, "owned_by": "spec-decode-otel"}
+            for m in config.models
+        ]
+        return json_response({"object": "list", "data": data})
+
+    async def serve(
+        kind: Literal["chat", "completion"], req: _CommonRequest, request: Request
+    ) -> Response:
+        try:
+            faults = F.parse_faults(request.headers.get(HEADER_FAULT))
+        except ValueError as exc:
+            raise SimulatorError(400, str(exc), "invalid_request_error", None) from exc
+        if "http-429" in faults:
+            return json_response(
+                error_body(
+                    "Rate limit reached (simulated)", "rate_limit_exceeded", "rate_limit_exceeded"
+                ),
+                429,
+                headers={"retry-after": "1"},
+            )
+        if "http-500" in faults:
+            return json_response(
+                error_body("Internal server error (simulated)", "server_error", "internal_error"),
+                500,
+            )
+        plan = sim.plan(kind, req, request)
+        delay = _delay_seconds(request, faults, config)
+        if req.stream:
+            return StreamingResponse(
+                _sse(plan, delay),
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache"},
+            )
+        body = dumps(plan.response()).encode()
+        if delay:
+            await asyncio.sleep(delay)
+        if "drop-mid-stream" in faults:
+            return StreamingResponse(
+                _truncated_body(body),
+                media_type="application/json",
+                headers={"content-length": str(len(body))},
+            )
+        return Response(body, media_type="application/json")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
+        return await serve("chat", req, request)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request) -> Response:
+        return await serve("completion", req, request)
+
+    return app

@@ -1,0 +1,158 @@
+"""``spec-decode-otel simulate`` (and ``python -m spec_decode_otel.simulator``).
+
+Prints exactly one line, ``serving http://HOST:PORT/v1``, once the server accepts
+connections (``--port 0`` picks a free port, so a parent process reads the port from
+that line), and exits 0 on SIGINT/SIGTERM after a graceful shutdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from spec_decode_otel.simulator.acceptance import parse_floats, parse_ints
+from spec_decode_otel.simulator.config import ENGINES, LEVELS, SimulatorConfig
+
+
+def _model_alpha(text: str) -> tuple[str, tuple[float, ...]]:
+    name, sep, value = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=ALPHA[,ALPHA...], got {text!r}")
+    try:
+        return name, parse_floats(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return parse_floats(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return parse_ints(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The simulator's flags; shared by the top-level CLI and this module's ``main``."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--engine", choices=ENGINES, default="vllm", help="wire shape to speak")
+    parser.add_argument(
+        "--level", choices=LEVELS, default="detailed", help="vLLM per-request metrics level"
+    )
+    parser.add_argument("--k", type=int, default=4, help="draft tokens per verify step")
+    parser.add_argument(
+        "--alpha", type=float, default=0.7, help="per-position conditional acceptance"
+    )
+    parser.add_argument(
+        "--alpha-vector",
+        type=_floats,
+        default=None,
+        metavar="A0,A1,...",
+        help="conditional acceptance per draft position (overrides --alpha)",
+    )
+    parser.add_argument(
+        "--model",
+        dest="model_alphas",
+        type=_model_alpha,
+        action="append",
+        default=[],
+        metavar="NAME=ALPHA[,ALPHA...]",
+        help="acceptance for one model name (repeatable); listed by /v1/models",
+    )
+    parser.add_argument(
+        "--draft-schedule",
+        type=_ints,
+        default=None,
+        metavar="D1,D2,...",
+        help="draft length per verify step, cycled (overrides --k)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="base seed of the per-request RNGs")
+    parser.add_argument(
+        "--force-include-usage",
+        action="store_true",
+        help="vLLM: always send the final usage chunk when streaming",
+    )
+    parser.add_argument(
+        "--llamacpp-rounds",
+        action="store_true",
+        help="llamacpp: also send timings.draft_rounds (as mlx-vlm does)",
+    )
+    parser.add_argument("--served-model", default="spec-sim", help="model name in /v1/models")
+    parser.add_argument("--min-length", type=int, default=64, help="natural length, minimum")
+    parser.add_argument("--max-length", type=int, default=256, help="natural length, maximum")
+    parser.add_argument(
+        "--step-delay-ms", type=float, default=0.0, help="real delay between streamed chunks"
+    )
+    parser.add_argument("--log-level", default="warning", help="uvicorn log level")
+
+
+def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
+    return SimulatorConfig(
+        engine=args.engine,
+        level=args.level,
+        k=args.k,
+        alpha=args.alpha,
+        alpha_vector=args.alpha_vector,
+        model_alphas=dict(args.model_alphas),
+        draft_schedule=args.draft_schedule,
+        seed=args.seed,
+        force_include_usage=args.force_include_usage,
+        llamacpp_rounds=args.llamacpp_rounds,
+        served_model=args.served_model,
+        min_length=args.min_length,
+        max_length=args.max_length,
+        step_delay_ms=args.step_delay_ms,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM; 0 on a clean stop, 2 on a bad configuration."""
+    from spec_decode_otel.simulator.server import bind_socket, make_server, url_for
+
+    try:
+        config = config_from_args(args)
+    except ValidationError as exc:
+        print(f"spec-decode-otel simulate: invalid configuration:\n{exc}", file=sys.stderr)
+        return 2
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        print(
+            f"spec-decode-otel simulate: cannot bind {args.host}:{args.port}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    server = make_server(config, args.log_level)
+    url = url_for(args.host, sock.getsockname()[1]) + "/v1"
+    original_startup = server.startup
+
+    async def startup(sockets: list | None = None) -> None:
+        await original_startup(sockets=sockets)
+        if server.started:
+            print(f"serving {url}", flush=True)
+
+    server.startup = startup  # type: ignore[method-assign]
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m spec_decode_otel.simulator",
+        description="OpenAI-compatible speculative-decoding simulator (every engine's shape).",
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,170 @@
+"""From one request to its sampled sequences: text pieces, finish reasons, step counts.
+
+A plan is computed once, before anything is sent, so the streamed and the non-streamed
+rendering of a request say exactly the same thing and every engine's payload is cut from
+the same counts. Content is filler words from a fixed vocabulary, one word per token;
+the prompt is never echoed.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from spec_decode_otel.simulator.acceptance import AcceptanceProfile, Generation, generate
+
+FILLER = [
+    "draft",
+    "verify",
+    "accept",
+    "token",
+    "step",
+    "target",
+    "model",
+    "bonus",
+    "prefix",
+    "speculative",
+    "decoding",
+    "latency",
+    "throughput",
+    "batch",
+    "kernel",
+    "cache",
+    "tensor",
+    "layer",
+    "head",
+    "window",
+    "stream",
+    "chunk",
+    "sample",
+    "logit",
+    "probability",
+    "rollout",
+    "greedy",
+    "beam",
+    "prompt",
+    "context",
+    "memory",
+    "block",
+    "page",
+    "queue",
+    "scheduler",
+    "worker",
+    "engine",
+    "request",
+    "response",
+    "server",
+    "client",
+    "trace",
+    "span",
+    "metric",
+    "signal",
+]
+
+_WORDISH = re.compile(r"\w+|[^\w\s]")
+
+
+@dataclass
+class ChoicePlan:
+    """One output sequence. ``pieces[0]`` is the prefill token's text, ``pieces[i]`` the
+    text emitted by verify step i (empty where a stop string already ended the text)."""
+
+    index: int
+    generation: Generation
+    pieces: list[str]
+    finish_reason: str
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.generation.completion_tokens
+
+
+def count_prompt_tokens(value: object) -> int:
+    """A deterministic stand-in for a tokenizer: words and punctuation, or token ids."""
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        return len(_WORDISH.findall(value))
+    if isinstance(value, int):
+        return 1
+    if isinstance(value, dict):
+        # chat message: content may be a string or a list of typed parts
+        return (
+            4 + count_prompt_tokens(value.get("content")) + count_prompt_tokens(value.get("text"))
+        )
+    if isinstance(value, Sequence):
+        return sum(count_prompt_tokens(v) for v in value)
+    return 0
+
+
+def _stop_cut(tokens: list[str], stops: Sequence[str]) -> tuple[int, int] | None:
+    """Earliest stop-string match as (tokens kept, visible chars), or None.
+
+    Kept tokens run up to and including the one that completed the match (an engine
+    generates that token before it can see the match); the visible text ends where the
+    stop string starts, as OpenAI-compatible servers return it.
+    """
+    text = "".join(tokens)
+    best: tuple[int, int] | None = None  # (match end, match start)
+    for stop in stops:
+        if not stop:
+            continue
+        pos = text.find(stop)
+        if pos >= 0 and (best is None or pos + len(stop) < best[0]):
+            best = (pos + len(stop), pos)
+    if best is None:
+        return None
+    end, start = best
+    consumed = 0
+    for i, tok in enumerate(tokens):
+        consumed += len(tok)
+        if consumed >= end:
+            return i + 1, start
+    return len(tokens), start  # pragma: no cover - end is always inside the text
+
+
+def plan_choice(
+    rng: random.Random,
+    profile: AcceptanceProfile,
+    index: int,
+    max_tokens: int | None,
+    stops: Sequence[str],
+    length_range: tuple[int, int],
+) -> ChoicePlan:
+    """Sample one sequence: natural length, words, stop cut, then the verify steps."""
+    natural = rng.randint(*length_range)
+    limit = natural if max_tokens is None else min(natural, max_tokens)
+    finish = "length" if max_tokens is not None and max_tokens < natural else "stop"
+    words = [rng.choice(FILLER) for _ in range(limit)]
+    tokens = [w.capitalize() if i == 0 else " " + w for i, w in enumerate(words)]
+    visible = None
+    cut = _stop_cut(tokens, stops)
+    if cut is not None:
+        limit, visible = cut
+        finish = "stop"
+    gen = generate(rng, profile, limit)
+    text = "".join(tokens[:limit])
+    if visible is not None:
+        text = text[:visible]
+    # split the visible text at the step boundaries
+    bounds = [1]
+    for n in gen.step_tokens():
+        bounds.append(bounds[-1] + n)
+    pieces: list[str] = []
+    start_tok, start_char = 0, 0
+    for end_tok in bounds:
+        end_char = min(len(text), start_char + sum(len(t) for t in tokens[start_tok:end_tok]))
+        pieces.append(text[start_char:end_char])
+        start_tok, start_char = end_tok, end_char
+    return ChoicePlan(index=index, generation=gen, pieces=pieces, finish_reason=finish)
+
+
+def choice_rng(seed: int, request_no: int, index: int) -> random.Random:
+    """Per-sequence RNG: reproducible from (seed, request counter, choice index) alone."""
+    return random.Random(f"spec-sim:{seed}:{request_no}:{index}")

@@ -1,0 +1,147 @@
+"""Each engine's speculative-decoding payload, cut from one sampled generation.
+
+Shapes follow /work/shared/wire-formats.md (and the vectors in tests/data/wire-examples):
+where a field rides, its name and its JSON type. Every builder reads the same
+:class:`~spec_decode_otel.simulator.acceptance.Generation`, so the numbers agree across
+engines and satisfy each engine's identities (histogram sums, accepted = sum j*h[j], ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spec_decode_otel.simulator.acceptance import AcceptanceProfile, Generation
+
+JSON = dict[str, Any]
+
+
+def vllm_merged(gen: Generation, profile: AcceptanceProfile, level: str) -> JSON:
+    """``metrics.speculative_decoding`` (vLLM >= 0.29): dense histogram of length k + 1.
+
+    Under a draft-length schedule ``num_spec_tokens`` is the longest draft (the histogram
+    must hold every step) and the pending-upstream ``acceptance_histogram_by_draft_length``
+    (string keys, one dense ``d + 1`` list per draft length) says how steps split.
+    """
+    k = profile.max_draft
+    out: JSON = {
+        "mean_acceptance_length": gen.mean_acceptance_length,
+        "draft_acceptance_rate": gen.draft_acceptance_rate,
+        "acceptance_histogram": gen.histogram(k + 1),
+        "num_spec_steps": gen.num_spec_steps,
+        "num_accepted_draft_tokens": gen.num_accepted_draft_tokens,
+        "num_draft_tokens": gen.num_draft_tokens,
+        "num_spec_tokens": k,
+    }
+    if profile.fixed_k is None:
+        out["acceptance_histogram_by_draft_length"] = {
+            str(d): h for d, h in gen.histogram_by_draft_length().items()
+        }
+    if level == "detailed":
+        out["per_step_accepted"] = list(gen.per_step_accepted)
+        out["per_step_drafted"] = list(gen.per_step_drafted)
+    return out
+
+
+def vllm_premerge(gen: Generation, profile: AcceptanceProfile, level: str) -> JSON:
+    """Per-choice ``speculative_decoding_stats``: same names, SPARSE string-keyed histogram."""
+    out = vllm_merged(gen, profile, level)
+    out.pop("acceptance_histogram_by_draft_length", None)
+    out["acceptance_histogram"] = {
+        str(j): c for j, c in enumerate(gen.histogram(profile.max_draft + 1)) if c
+    }
+    return out
+
+
+def sglang_details(gen: Generation, profile: AcceptanceProfile) -> JSON:
+    """``sglext.spec_tokens_details`` / ``meta_info`` spec keys.
+
+    SGLang's ``spec_accept_length`` is completion_tokens / verify steps (the prefill token
+    counted), not vLLM's 1 + accepted/steps; a consumer must derive its own from counts.
+    """
+    steps = gen.num_spec_steps
+    return {
+        "spec_accept_rate": gen.draft_acceptance_rate,
+        "spec_accept_length": gen.completion_tokens / max(steps, 1),
+        "spec_num_correct_drafts": gen.num_accepted_draft_tokens,
+        "spec_num_proposed_drafts": gen.num_draft_tokens,
+        "spec_verify_ct": steps,
+        "spec_correct_drafts_histogram": gen.histogram(profile.max_draft + 1),
+        "spec_cap_length": 0.0,
+        "spec_block_accept_length": 0.0,
+        "spec_cap_lens_histogram": [],
+    }
+
+
+def sglang_meta_info(
+    gen: Generation, profile: AcceptanceProfile, request_id: str, finish: str, prompt: int
+) -> JSON:
+    """Per-choice ``meta_info`` (``return_meta_info: true``): bookkeeping plus spec keys."""
+    spec = sglang_details(gen, profile)
+    return {
+        "id": request_id,
+        "finish_reason": {"type": finish},
+        "prompt_tokens": prompt,
+        "completion_tokens": gen.completion_tokens,
+        "cached_tokens": 0,
+        **{k: v for k, v in spec.items() if not k.startswith("spec_cap")},
+    }
+
+
+def trtllm_stats(gen: Generation, profile: AcceptanceProfile) -> JSON | None:
+    """PR #19311 per-choice ``speculative_decoding``; None (absent) when nothing was drafted."""
+    if gen.num_draft_tokens == 0:
+        return None
+    return {
+        "acceptance_rate": gen.draft_acceptance_rate,
+        "total_accepted_draft_tokens": gen.num_accepted_draft_tokens,
+        "total_draft_tokens": gen.num_draft_tokens,
+        "num_spec_steps": gen.num_spec_steps,
+        "acceptance_histogram": gen.histogram(profile.max_draft + 1),
+        "num_spec_tokens": profile.fixed_k,
+    }
+
+
+def trtllm_avg_decoded(steps: int, accepted: int) -> float:
+    """``avg_decoded_tokens_per_iter`` after ``steps`` generation iterations.
+
+    Counts generation iterations only (the context phase's token is not one), which makes
+    it equal 1 + accepted/steps; 1.0 before the first iteration.
+    """
+    return (steps + accepted) / steps if steps else 1.0
+
+
+def llamacpp_timings(gen: Generation, prompt_tokens: int, rounds: bool) -> JSON:
+    """Root ``timings``; ``draft_n``/``draft_n_accepted`` only when something was drafted;
+    ``draft_rounds`` (verify steps, as mlx-vlm/mlxcel send) when ``rounds`` is set."""
+    prompt_ms = round(0.35 * max(prompt_tokens, 1), 3)
+    predicted_ms = round(6.0 * max(gen.num_spec_steps, 1), 3)
+    out: JSON = {
+        "cache_n": 0,
+        "prompt_n": prompt_tokens,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / max(prompt_tokens, 1),
+        "prompt_per_second": 1000.0 * prompt_tokens / prompt_ms,
+        "predicted_n": gen.completion_tokens,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / gen.completion_tokens,
+        "predicted_per_second": 1000.0 * gen.completion_tokens / predicted_ms,
+    }
+    if gen.num_draft_tokens > 0:
+        out["draft_n"] = gen.num_draft_tokens
+        out["draft_n_accepted"] = gen.num_accepted_draft_tokens
+        if rounds:
+            out["draft_rounds"] = gen.num_spec_steps
+    return out
+
+
+def vllm_timing_metrics(gen: Generation, prompt_tokens: int) -> JSON:
+    """The non-spec-decode timing fields vLLM puts beside ``speculative_decoding``."""
+    ttft = round(12.0 + 0.02 * prompt_tokens, 3)
+    generation = round(ttft + 6.0 * gen.num_spec_steps, 3)
+    return {
+        "time_to_first_token_ms": ttft,
+        "generation_time_ms": generation,
+        "queue_time_ms": 0.1,
+        "mean_itl_ms": round((generation - ttft) / max(gen.completion_tokens - 1, 1), 3),
+        "tokens_per_second": round(1000.0 * gen.completion_tokens / generation, 3),
+    }

@@ -65,7 +65,11 @@ class SpecDecodeAcceptanceRecord(BaseModel):
         # JSON numbers only: a bool is an int to Python but never a rate on the wire.
         if value is None:
             return None
-        if type(value) not in (int, float) or not math.isfinite(value):
+        try:
+            finite = type(value) in (int, float) and math.isfinite(value)
+        except OverflowError:  # an int beyond any float
+            finite = False
+        if not finite:
             raise ValueError("must be a finite number")
         return float(value)
 
@@ -125,7 +129,10 @@ class SpecDecodeAcceptanceRecord(BaseModel):
             raise ValueError("a step drafted more than num_spec_tokens")
 
         if mal is not None and steps is not None and accepted is not None:
-            derived = 1.0 + accepted / steps if steps else 1.0
+            try:
+                derived = 1.0 + accepted / steps if steps else 1.0
+            except OverflowError:  # counts beyond any float: no finite mean can agree
+                raise ValueError("mean_acceptance_length contradicts the counts") from None
             if not _agrees(mal, derived):
                 raise ValueError("mean_acceptance_length contradicts the counts")
         if rate is not None and drafted is not None and accepted is not None:

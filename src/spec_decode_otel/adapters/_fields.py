@@ -25,8 +25,11 @@ def exact_int(value: Any) -> int | None:
 
 def finite_number(value: Any) -> float | None:
     """A finite JSON number (int or float, never bool), else None."""
-    if type(value) in (int, float) and math.isfinite(value):
-        return float(value)
+    try:
+        if type(value) in (int, float) and math.isfinite(value):
+            return float(value)
+    except OverflowError:  # an int beyond any float
+        pass
     return None
 
 
@@ -112,11 +115,17 @@ def derived_mean_acceptance_length(accepted: int | None, steps: int | None) -> f
     """1 + accepted/steps (1.0 with no steps), the record's definition; None if unknown."""
     if accepted is None or steps is None:
         return None
-    return 1.0 + accepted / steps if steps else 1.0
+    try:
+        return 1.0 + accepted / steps if steps else 1.0
+    except OverflowError:  # counts beyond any float: inf, which the record rejects
+        return math.inf
 
 
 def derived_rate(accepted: int | None, drafted: int | None) -> float | None:
     """accepted/drafted (0.0 with nothing drafted); None if unknown."""
     if accepted is None or drafted is None:
         return None
-    return accepted / drafted if drafted else 0.0
+    try:
+        return accepted / drafted if drafted else 0.0
+    except OverflowError:  # accepted > drafted by far: inf, which the record rejects
+        return math.inf

@@ -1,0 +1,122 @@
+"""``setup()``: one call from nothing to exported spans and metrics.
+
+Builds a TracerProvider and a MeterProvider from the standard ``OTEL_*`` variables
+(service name and resource attributes, ``OTEL_EXPORTER_OTLP_ENDPOINT``/``_PROTOCOL``,
+headers, timeouts, metric export interval), installs them globally, and instruments.
+With no endpoint configured nothing is exported and nothing fails: the application keeps
+running, the instrumentation's data is simply kept in-process (readable with a reader
+passed in ``metric_readers``). Exporters use batching and export timeouts, so a stopped
+collector never blocks the application; providers are flushed and shut down at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanProcessor
+
+from spec_decode_otel.instrumentation import instrument
+
+#: How long exit may wait for a final flush (seconds): bounded so a dead collector
+#: cannot hold the process, long enough for one export round trip.
+SHUTDOWN_TIMEOUT_S = 5.0
+
+
+@dataclass
+class Telemetries:
+    """What :func:`setup` built, for tests and for flushing by hand."""
+
+    tracer_provider: TracerProvider
+    meter_provider: MeterProvider
+    exporting: bool
+
+    def shutdown(self) -> None:
+        """Flush and stop both providers (also registered with ``atexit``)."""
+        for provider in (self.tracer_provider, self.meter_provider):
+            # A dead collector must not fail (or hang) the application's exit.
+            with contextlib.suppress(Exception):
+                provider.force_flush(int(SHUTDOWN_TIMEOUT_S * 1000))
+            with contextlib.suppress(Exception):
+                provider.shutdown()
+
+
+def _protocol(signal: str) -> str:
+    return (
+        os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "grpc"
+    ).strip()
+
+
+def _endpoint_configured(signal: str) -> bool:
+    return bool(
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+    )
+
+
+def _span_exporter() -> Any:
+    if _protocol("TRACES") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    return OTLPSpanExporter()
+
+
+def _metric_exporter() -> Any:
+    if _protocol("METRICS") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    return OTLPMetricExporter()
+
+
+def setup(
+    service_name: str | None = None,
+    *,
+    span_processors: Sequence[SpanProcessor] = (),
+    metric_readers: Sequence[MetricReader] = (),
+    set_global: bool = True,
+    **instrument_options: Any,
+) -> Telemetries:
+    """Build providers from ``OTEL_*`` variables, optionally install them, instrument.
+
+    ``service_name`` is used when ``OTEL_SERVICE_NAME`` is unset. Extra processors and
+    readers (e.g. in-memory ones for tests or a terminal summary) are added beside the
+    OTLP exporters. Remaining keywords go to :func:`spec_decode_otel.instrument`.
+    """
+    attributes = {}
+    if service_name and not os.environ.get("OTEL_SERVICE_NAME"):
+        attributes[SERVICE_NAME] = service_name
+    resource = Resource.create(attributes)
+
+    exporting = False
+    tracer_provider = TracerProvider(resource=resource)
+    for processor in span_processors:
+        tracer_provider.add_span_processor(processor)
+    readers = list(metric_readers)
+    if _endpoint_configured("TRACES"):
+        tracer_provider.add_span_processor(BatchSpanProcessor(_span_exporter()))
+        exporting = True
+    if _endpoint_configured("METRICS"):
+        readers.append(PeriodicExportingMetricReader(_metric_exporter()))
+        exporting = True
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+
+    if set_global:
+        trace.set_tracer_provider(tracer_provider)
+        metrics.set_meter_provider(meter_provider)
+    built = Telemetries(tracer_provider, meter_provider, exporting)
+    atexit.register(built.shutdown)
+    instrument(tracer_provider=tracer_provider, meter_provider=meter_provider, **instrument_options)
+    return built

@@ -1,0 +1,41 @@
+"""Recognising a span another GenAI instrumentation already made for this call.
+
+When opentelemetry-instrumentation-openai-v2 (or its successor genai-openai), OpenLLMetry
+or OpenInference wraps ``create``, its span is current when our request-path wrapper
+runs. A second span for the same call would double every GenAI dashboard, so in ``auto``
+mode we add our attributes to theirs instead. Recognition is by instrumentation scope
+first (exact and cheap), then by the GenAI attributes those libraries set, so a user's
+own parent span (an agent step, a request handler) is never mistaken for one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.trace import Span, SpanKind
+
+FOREIGN_SCOPES = frozenset(
+    {
+        "opentelemetry.instrumentation.openai_v2",
+        "opentelemetry.instrumentation.genai_openai",
+        "opentelemetry.instrumentation.openai",
+        "openinference.instrumentation.openai",
+    }
+)
+_LLM_OPERATIONS = frozenset({"chat", "text_completion"})
+
+
+def is_foreign_genai_span(span: Span) -> bool:
+    """True when ``span`` is another instrumentation's span for an LLM call."""
+    scope = getattr(span, "instrumentation_scope", None)
+    name = getattr(scope, "name", None)
+    if name in FOREIGN_SCOPES:
+        return True
+    if getattr(span, "kind", None) is not SpanKind.CLIENT:
+        return False
+    attrs: Any = getattr(span, "attributes", None) or {}
+    return (
+        attrs.get("gen_ai.operation.name") in _LLM_OPERATIONS
+        or attrs.get("llm.request.type") in ("chat", "completion")
+        or attrs.get("openinference.span.kind") == "LLM"
+    )

@@ -1,0 +1,181 @@
+"""Transparent stream proxies: see every chunk, change none, finalize exactly once.
+
+Per chunk they do no OpenTelemetry work at all: they keep a reference to the few chunks
+adapters may need (root or per-choice extras, usage, finish reasons) and note the time of
+the first chunk. Everything else — detection, attributes, metrics, ``span.end()`` —
+happens once, when the stream is exhausted, fails, is closed, leaves its ``with`` block
+or is garbage-collected unfinished (then ``error.type`` is ``abandoned``).
+
+The span is never made current while the user iterates: between chunks the caller's own
+context is in force.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import wrapt
+
+from spec_decode_otel.instrumentation.call import ABANDONED, Call, report_internal_error
+
+#: Chunks kept for detection. Engines put stats on the last chunks (finish_reason, usage,
+#: SGLang's extra chunk), and "last wins" everywhere, so a long stream whose every chunk
+#: carries a field (TensorRT-LLM's running average) needs only its tail.
+KEEP_CHUNKS = 32
+
+
+class _StreamObserver:
+    """What a stream proxy collects; shared by the sync and async proxies."""
+
+    __slots__ = ("call", "finish_reasons", "first_at", "hide_usage_chunk", "kept", "model", "multi")
+
+    def __init__(self, call: Call, hide_usage_chunk: bool) -> None:
+        self.call = call
+        self.hide_usage_chunk = hide_usage_chunk
+        self.kept: deque[Any] = deque(maxlen=KEEP_CHUNKS)
+        self.finish_reasons: list[str] = []
+        self.first_at: float | None = None
+        self.model: str | None = None
+        self.multi = False
+
+    def observe(self, chunk: Any) -> bool:
+        """Note ``chunk``; True when the user must not see it (our injected usage chunk)."""
+        try:
+            if self.first_at is None:
+                self.first_at = time.perf_counter()
+                model = getattr(chunk, "model", None)
+                self.model = model if isinstance(model, str) else None
+            keep = bool(chunk.model_extra) or chunk.usage is not None
+            choices = chunk.choices
+            for choice in choices:
+                reason = choice.finish_reason
+                if reason is not None:
+                    keep = True
+                    if len(self.finish_reasons) < 16:
+                        self.finish_reasons.append(reason)
+                if choice.index:
+                    self.multi = True
+                elif choice.model_extra:
+                    keep = True
+            if keep:
+                self.kept.append(chunk)
+                return self.hide_usage_chunk and not choices and chunk.usage is not None
+        except Exception:
+            report_internal_error("observe")
+        return False
+
+    def finish(self, error: BaseException | str | None = None) -> None:
+        if self.call.done:
+            return
+        self.call.finish_stream(
+            self.kept,
+            response_model=self.model,
+            finish_reasons=self.finish_reasons,
+            multi_sequence=self.multi,
+            first_chunk_at=self.first_at,
+            error=error,
+        )
+
+
+class SyncStreamProxy(wrapt.ObjectProxy):  # type: ignore[misc]
+    """Wraps ``openai.Stream``: same chunks, same methods, ``isinstance`` still holds."""
+
+    def __init__(self, wrapped: Any, call: Call, hide_usage_chunk: bool = False) -> None:
+        super().__init__(wrapped)
+        self._self_observer = _StreamObserver(call, hide_usage_chunk)
+
+    def __iter__(self) -> SyncStreamProxy:
+        return self
+
+    def __next__(self) -> Any:
+        observer = self._self_observer
+        while True:
+            try:
+                chunk = self.__wrapped__.__next__()
+            except StopIteration:
+                observer.finish()
+                raise
+            except BaseException as exc:
+                observer.finish(exc)
+                raise
+            if not observer.observe(chunk):
+                return chunk
+
+    def close(self) -> None:
+        try:
+            self.__wrapped__.close()
+        finally:
+            self._self_observer.finish()
+
+    def __enter__(self) -> SyncStreamProxy:
+        self.__wrapped__.__enter__()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
+        try:
+            return self.__wrapped__.__exit__(exc_type, exc, tb)
+        finally:
+            self._self_observer.finish(exc if exc is not None else None)
+
+    def __del__(self) -> None:
+        try:
+            self._self_observer.finish(ABANDONED)
+        except Exception:
+            report_internal_error("stream.__del__")
+
+
+class AsyncStreamProxy(wrapt.ObjectProxy):  # type: ignore[misc]
+    """Wraps ``openai.AsyncStream`` the same way; ``aclose``/``async with`` finalize."""
+
+    def __init__(self, wrapped: Any, call: Call, hide_usage_chunk: bool = False) -> None:
+        super().__init__(wrapped)
+        self._self_observer = _StreamObserver(call, hide_usage_chunk)
+
+    def __aiter__(self) -> AsyncStreamProxy:
+        return self
+
+    async def __anext__(self) -> Any:
+        observer = self._self_observer
+        while True:
+            try:
+                chunk = await self.__wrapped__.__anext__()
+            except StopAsyncIteration:
+                observer.finish()
+                raise
+            except BaseException as exc:
+                observer.finish(exc)
+                raise
+            if not observer.observe(chunk):
+                return chunk
+
+    async def close(self) -> None:
+        try:
+            await self.__wrapped__.close()
+        finally:
+            self._self_observer.finish()
+
+    async def aclose(self) -> None:
+        # Only some SDK releases have aclose(); forward to whichever the stream has.
+        closer = getattr(self.__wrapped__, "aclose", None) or self.__wrapped__.close
+        try:
+            await closer()
+        finally:
+            self._self_observer.finish()
+
+    async def __aenter__(self) -> AsyncStreamProxy:
+        await self.__wrapped__.__aenter__()
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
+        try:
+            return await self.__wrapped__.__aexit__(exc_type, exc, tb)
+        finally:
+            self._self_observer.finish(exc if exc is not None else None)
+
+    def __del__(self) -> None:
+        try:
+            self._self_observer.finish(ABANDONED)
+        except Exception:
+            report_internal_error("stream.__del__")

@@ -1,0 +1,269 @@
+"""Telemetry: the names, the instruments, and ``emit`` (record → span attributes + metrics).
+
+This module knows the record and OpenTelemetry, nothing of engines or the ``openai`` SDK.
+
+Cost shapes the metric design. A synchronous counter add per histogram bucket and per
+draft position would cost more than a whole competing instrumentation, so the four
+counters are aggregated in-process (a dict update) and reported through observable
+counters (cumulative). The two histograms stay synchronous because they carry exemplars
+that link a metric bucket to the trace of the request that landed in it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import Span
+
+from spec_decode_otel.record import SpecDecodeAcceptanceRecord
+from spec_decode_otel.version import __version__
+
+SCOPE_NAME = "spec_decode_otel"
+
+# GenAI semantic-convention attributes (our own string constants; the semconv package's
+# GenAI names are still moving between releases).
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_TOKEN_TYPE = "gen_ai.token.type"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+ERROR_TYPE = "error.type"
+
+# Our namespace: span attributes.
+SD_ENGINE = "spec_decode.engine"
+SD_MEAN_ACCEPTANCE_LENGTH = "spec_decode.mean_acceptance_length"
+SD_DRAFT_ACCEPTANCE_RATE = "spec_decode.draft_acceptance_rate"
+SD_NUM_SPEC_STEPS = "spec_decode.num_spec_steps"
+SD_NUM_ACCEPTED_DRAFT_TOKENS = "spec_decode.num_accepted_draft_tokens"
+SD_NUM_DRAFT_TOKENS = "spec_decode.num_draft_tokens"
+SD_NUM_SPEC_TOKENS = "spec_decode.num_spec_tokens"
+SD_ACCEPTANCE_HISTOGRAM = "spec_decode.acceptance_histogram"
+SD_PER_STEP_ACCEPTED = "spec_decode.per_step_accepted"
+SD_PER_STEP_DRAFTED = "spec_decode.per_step_drafted"
+SD_PARTIAL = "spec_decode.partial"
+# Metric-only attributes.
+SD_ACCEPTED = "spec_decode.accepted"
+SD_POSITION = "spec_decode.position"
+
+# Metric names.
+M_ACCEPTANCE_LENGTH = "spec_decode.acceptance_length"
+M_DRAFT_ACCEPTANCE_RATE = "spec_decode.draft_acceptance_rate"
+M_DRAFT_TOKENS = "spec_decode.draft_tokens"
+M_ACCEPTED_DRAFT_TOKENS = "spec_decode.accepted_draft_tokens"
+M_VERIFY_STEPS = "spec_decode.verify_steps"
+M_ACCEPTED_AT_POSITION = "spec_decode.accepted_at_position"
+M_OPERATION_DURATION = "gen_ai.client.operation.duration"
+M_TOKEN_USAGE = "gen_ai.client.token.usage"
+M_TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"
+
+#: Acceptance length runs from 1 (nothing accepted) to k+1; quarter-token resolution up
+#: to 4, then coarser up to the largest drafters in use (k of 15 or so).
+ACCEPTANCE_LENGTH_BUCKETS = (
+    1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.25, 3.5, 3.75, 4.0,
+    4.5, 5.0, 5.5, 6.0, 7.0, 8.0, 10.0, 12.0, 16.0,
+)  # fmt: skip
+ACCEPTANCE_RATE_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+# The GenAI semantic conventions' advisory buckets.
+DURATION_BUCKETS = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+TOKEN_BUCKETS = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
+)  # fmt: skip
+
+#: Distinct values one metric attribute may take before further ones are reported as
+#: ``OVERFLOW_VALUE``: a server that invents model names must not explode the time series.
+MAX_VALUES_PER_ATTRIBUTE = 100
+#: Histogram buckets / draft positions past this are folded into the overflow series.
+MAX_DRAFT_POSITIONS = 64
+OVERFLOW_VALUE = "_OTHER"
+
+
+class BoundedValues:
+    """Remembers the first N values seen for one attribute; later ones map to overflow."""
+
+    __slots__ = ("_limit", "_lock", "_seen")
+
+    def __init__(self, limit: int = MAX_VALUES_PER_ATTRIBUTE) -> None:
+        self._limit = limit
+        self._seen: set[Any] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: Any) -> Any:
+        if value in self._seen:
+            return value
+        with self._lock:
+            if len(self._seen) < self._limit:
+                self._seen.add(value)
+                return value
+        return OVERFLOW_VALUE
+
+
+class _CounterTotals:
+    """Cumulative sums per attribute set, read by an observable counter's callback."""
+
+    __slots__ = ("_lock", "_totals")
+
+    def __init__(self) -> None:
+        self._totals: dict[tuple[tuple[str, Any], ...], int] = {}
+        self._lock = threading.Lock()
+
+    def add_many(self, items: Iterable[tuple[tuple[tuple[str, Any], ...], int]]) -> None:
+        with self._lock:
+            totals = self._totals
+            for key, amount in items:
+                totals[key] = totals.get(key, 0) + amount
+
+    def observe(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            snapshot = list(self._totals.items())
+        return [Observation(value, dict(key)) for key, value in snapshot]
+
+
+def record_attributes(record: SpecDecodeAcceptanceRecord) -> dict[str, Any]:
+    """The ``spec_decode.*`` span attributes for one record (only what it reports)."""
+    attrs: dict[str, Any] = {SD_ENGINE: record.engine}
+    if record.mean_acceptance_length is not None:
+        attrs[SD_MEAN_ACCEPTANCE_LENGTH] = record.mean_acceptance_length
+    if record.draft_acceptance_rate is not None:
+        attrs[SD_DRAFT_ACCEPTANCE_RATE] = record.draft_acceptance_rate
+    if record.num_spec_steps is not None:
+        attrs[SD_NUM_SPEC_STEPS] = record.num_spec_steps
+    if record.num_accepted_draft_tokens is not None:
+        attrs[SD_NUM_ACCEPTED_DRAFT_TOKENS] = record.num_accepted_draft_tokens
+    if record.num_draft_tokens is not None:
+        attrs[SD_NUM_DRAFT_TOKENS] = record.num_draft_tokens
+    if record.num_spec_tokens is not None:
+        attrs[SD_NUM_SPEC_TOKENS] = record.num_spec_tokens
+    if record.acceptance_histogram is not None:
+        attrs[SD_ACCEPTANCE_HISTOGRAM] = record.dense_histogram()
+    if record.is_partial:
+        attrs[SD_PARTIAL] = True
+    return attrs
+
+
+def per_step_attributes(record: SpecDecodeAcceptanceRecord, max_length: int) -> dict[str, Any]:
+    """Per-step arrays as span attributes, only when present and within ``max_length``."""
+    attrs: dict[str, Any] = {}
+    if record.per_step_accepted is not None and len(record.per_step_accepted) <= max_length:
+        attrs[SD_PER_STEP_ACCEPTED] = record.per_step_accepted
+    if record.per_step_drafted is not None and len(record.per_step_drafted) <= max_length:
+        attrs[SD_PER_STEP_DRAFTED] = record.per_step_drafted
+    return attrs
+
+
+class Telemetry:
+    """The instruments of one meter provider, and the bounded attribute sets they use."""
+
+    def __init__(
+        self,
+        meter_provider: metrics.MeterProvider | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
+        self.tracer = trace.get_tracer(SCOPE_NAME, __version__, tracer_provider=tracer_provider)
+        meter = metrics.get_meter(SCOPE_NAME, __version__, meter_provider=meter_provider)
+        self.acceptance_length = meter.create_histogram(
+            M_ACCEPTANCE_LENGTH,
+            unit="{token}",
+            description="Mean acceptance length per request: tokens per verify step "
+            "including the bonus token",
+            explicit_bucket_boundaries_advisory=ACCEPTANCE_LENGTH_BUCKETS,
+        )
+        self.draft_acceptance_rate = meter.create_histogram(
+            M_DRAFT_ACCEPTANCE_RATE,
+            unit="1",
+            description="Accepted / drafted tokens per request (drafts only)",
+            explicit_bucket_boundaries_advisory=ACCEPTANCE_RATE_BUCKETS,
+        )
+        self.operation_duration = meter.create_histogram(
+            M_OPERATION_DURATION,
+            unit="s",
+            description="GenAI operation duration",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.token_usage = meter.create_histogram(
+            M_TOKEN_USAGE,
+            unit="{token}",
+            description="Number of input and output tokens used",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+        )
+        self.time_to_first_chunk = meter.create_histogram(
+            M_TIME_TO_FIRST_CHUNK,
+            unit="s",
+            description="Time from request start to the first streamed chunk",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self._draft_tokens = _CounterTotals()
+        self._accepted_tokens = _CounterTotals()
+        self._verify_steps = _CounterTotals()
+        self._accepted_at_position = _CounterTotals()
+        for name, unit, totals, description in (
+            (M_DRAFT_TOKENS, "{token}", self._draft_tokens, "Draft tokens proposed"),
+            (M_ACCEPTED_DRAFT_TOKENS, "{token}", self._accepted_tokens, "Draft tokens accepted"),
+            (M_VERIFY_STEPS, "{step}", self._verify_steps, "Verify steps by drafts accepted"),
+            (
+                M_ACCEPTED_AT_POSITION,
+                "{token}",
+                self._accepted_at_position,
+                "Verify steps whose draft position was accepted",
+            ),
+        ):
+            meter.create_observable_counter(
+                name, callbacks=[totals.observe], unit=unit, description=description
+            )
+        self._bounded: dict[str, BoundedValues] = {}
+        self._bounded_lock = threading.Lock()
+
+    def bound(self, key: str, value: Any) -> Any:
+        """``value`` for metric attribute ``key``, or the overflow value past the limit."""
+        bounded = self._bounded.get(key)
+        if bounded is None:
+            with self._bounded_lock:
+                bounded = self._bounded.setdefault(key, BoundedValues())
+        return bounded(value)
+
+    def record_metrics(
+        self,
+        record: SpecDecodeAcceptanceRecord,
+        attributes: Mapping[str, Any],
+        span: Span | None,
+    ) -> None:
+        """Record one request's spec-decode metrics, with the span's context for exemplars."""
+        attrs = dict(attributes)
+        attrs[SD_ENGINE] = self.bound(SD_ENGINE, record.engine)
+        if record.num_spec_tokens is not None:
+            attrs[SD_NUM_SPEC_TOKENS] = self.bound(SD_NUM_SPEC_TOKENS, record.num_spec_tokens)
+        ctx = trace.set_span_in_context(span) if span is not None else None
+        if record.mean_acceptance_length is not None:
+            self.acceptance_length.record(record.mean_acceptance_length, attrs, context=ctx)
+        if record.draft_acceptance_rate is not None:
+            self.draft_acceptance_rate.record(record.draft_acceptance_rate, attrs, context=ctx)
+
+        key = tuple(sorted(attrs.items()))
+        if record.num_draft_tokens is not None:
+            self._draft_tokens.add_many(((key, record.num_draft_tokens),))
+        if record.num_accepted_draft_tokens is not None:
+            self._accepted_tokens.add_many(((key, record.num_accepted_draft_tokens),))
+        if record.acceptance_histogram is not None:
+            self._verify_steps.add_many(
+                ((*key, (SD_ACCEPTED, _position(j))), count)
+                for j, count in record.acceptance_histogram.items()
+            )
+            self._accepted_at_position.add_many(
+                ((*key, (SD_POSITION, _position(p))), count)
+                for p, count in enumerate(record.accepted_at_position())
+                if count
+            )
+
+
+def _position(index: int) -> int | str:
+    return index if index < MAX_DRAFT_POSITIONS else OVERFLOW_VALUE

@@ -83,11 +83,16 @@ def choice_has(responses: Sequence[ParsedResponse], name: str) -> bool:
 def stats_choice_indices(responses: Sequence[ParsedResponse], name: str) -> set[Any]:
     """Choice indices that carried a present ``name`` object (more than one means n > 1)."""
     return {
-        choice.get("index")
+        _index_key(choice.get("index"))
         for r in responses
         for choice in r.choices
         if is_present(choice.get(name))
     }
+
+
+def _index_key(index: Any) -> Any:
+    # A hostile server can send any JSON as "index"; lists and objects are unhashable.
+    return index if type(index) is int else repr(index)
 
 
 def build_record(

@@ -60,6 +60,8 @@ class VllmAdapter:
         if stats is None:
             return None
         k = exact_int(stats.get("num_spec_tokens"))
+        if k is None and stats.get("num_spec_tokens") is not None:
+            return None  # present but not a count: malformed, not "variable k"
         if dense:
             hist = dense_histogram(stats.get("acceptance_histogram"))
             if hist is None or k is None or len(stats["acceptance_histogram"]) != k + 1:
@@ -84,6 +86,10 @@ class VllmAdapter:
         rate = _verbatim_or_derived(stats, "draft_acceptance_rate", derived_rate(accepted, drafted))
         if mal is None or rate is None:
             return None
+        for name in ("per_step_accepted", "per_step_drafted"):
+            if stats.get(name) is not None and int_array(stats[name]) is None:
+                logger.debug("vLLM %s is not a list under the size cap", name)
+                return None
         record = build_record(
             cls.engine,
             responses,

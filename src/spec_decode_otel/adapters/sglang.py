@@ -66,6 +66,9 @@ class SglangAdapter:
         steps = exact_int(first_present(details, *_STEPS))
         accepted = exact_int(first_present(details, *_ACCEPTED))
         drafted = exact_int(first_present(details, *_DRAFTED))
+        for names, count in ((_STEPS, steps), (_ACCEPTED, accepted), (_DRAFTED, drafted)):
+            if count is None and first_present(details, *names) is not None:
+                return None  # present but not an exact count: malformed, not "unreported"
         if accepted is None or (steps is None and drafted is None):
             return None
         raw_hist = first_present(details, *_HISTOGRAM)

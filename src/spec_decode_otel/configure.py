@@ -39,9 +39,13 @@ class Telemetries:
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
     exporting: bool
+    _stopped: bool = False
 
     def shutdown(self) -> None:
-        """Flush and stop both providers (also registered with ``atexit``)."""
+        """Flush and stop both providers (also registered with ``atexit``); idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
         for provider in (self.tracer_provider, self.meter_provider):
             # A dead collector must not fail (or hang) the application's exit.
             with contextlib.suppress(Exception):

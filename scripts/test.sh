@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: install everything the tests use, then run
+# them. README's test command and CI (.ci/run) both call exactly this script.
+#
+# What it installs: the package with its test extras (pip); the OpenTelemetry Collector
+# built from collector-config/builder-manifest.yaml and Jaeger v2 (Go, cached outside the
+# repo); Prometheus (Debian package). Then: ruff, pytest (unit, integration, e2e), and
+# the overhead benchmark in --quick mode as a smoke run.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PYTHON="${PYTHON:-python3}"
+step() { printf '\n==> %s\n' "$*"; }
+
+step "python packages"
+"$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
+
+step "OpenTelemetry Collector (built with the Collector Builder; cached)"
+SPEC_DECODE_OTEL_OTELCOL="$(bash scripts/install-collector.sh | tail -n 1)"
+export SPEC_DECODE_OTEL_OTELCOL
+
+step "Prometheus (Debian package)"
+bash scripts/install-prometheus.sh
+
+step "trace store (Jaeger v2; cached)"
+SPEC_DECODE_OTEL_JAEGER="$(bash scripts/install-jaeger.sh | tail -n 1)"
+export SPEC_DECODE_OTEL_JAEGER
+
+step "ruff"
+"$PYTHON" -m ruff check .
+
+step "pytest"
+set +e
+"$PYTHON" -m pytest "$@"
+status=$?
+set -e
+if [[ $status -eq 5 ]]; then
+  echo "pytest collected no tests: that is a failure here, not a pass" >&2
+  exit 1
+fi
+if [[ $status -ne 0 ]]; then
+  exit "$status"
+fi
+
+step "overhead benchmark (smoke run; figures are not asserted)"
+"$PYTHON" benchmarks/overhead.py --quick

@@ -488,7 +488,9 @@ def create_app(config: SimulatorConfig | None = None) -> FastAPI:
     sim = Simulator(config)
     app = FastAPI(title="spec-decode-otel simulator", docs_url=None, redoc_url=None)
     app.state.simulator = sim
-    logging.getLogger("uvicorn.error").addFilter(_DropFilter())
+    error_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _DropFilter) for f in error_log.filters):
+        error_log.addFilter(_DropFilter())
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:

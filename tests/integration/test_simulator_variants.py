@@ -305,3 +305,20 @@ def test_health_and_models(openai_client, simulator_url):
     root = simulator_url.removesuffix("/v1")
     assert httpx.get(root + "/health").status_code == 200
     assert [m.id for m in openai_client.models.list()] == ["spec-sim"]
+
+
+@pytest.mark.parametrize(
+    "engine", ["vllm", "vllm-premerge", "sglang", "trtllm", "trtllm-released", "llamacpp", "none"]
+)
+def test_no_usage_chunk_without_include_usage(openai_client, engine):
+    body = {"return_spec_tokens_details": True} if engine == "sglang" else None
+    chunks = chat(openai_client, engine, stream=True, extra_body=body)
+    assert all(c.usage is None for c in chunks)
+    empty = [i for i, c in enumerate(chunks) if not c.choices]
+    if engine == "sglang":  # only the sglext chunk, after the finish_reason chunk
+        assert empty == [len(chunks) - 1] and "sglext" in extra(chunks[-1])
+    else:
+        assert empty == []
+    assert chunks[-1 if engine != "sglang" else -2].choices[0].finish_reason == "length"
+    if engine == "llamacpp":  # the final chunk is now the finish_reason chunk
+        assert [i for i, c in enumerate(chunks) if "timings" in extra(c)] == [len(chunks) - 1]

@@ -79,12 +79,51 @@ class _StreamObserver:
         )
 
 
+class _HttpResponseProxy(wrapt.ObjectProxy):  # type: ignore[misc]
+    """The stream's ``httpx`` response, whose ``close``/``aclose`` also end the call.
+
+    The SDK's ``chat.completions.stream()`` helper (and some user code) closes a stream
+    through ``stream.response`` rather than ``stream.close()``; without this the call
+    would stay open until garbage collection and then be reported as abandoned.
+    """
+
+    def __init__(self, wrapped: Any, observer: _StreamObserver) -> None:
+        super().__init__(wrapped)
+        self._self_observer = observer
+
+    def close(self) -> None:
+        try:
+            self.__wrapped__.close()
+        finally:
+            self._self_observer.finish()
+
+    async def aclose(self) -> None:
+        try:
+            await self.__wrapped__.aclose()
+        finally:
+            self._self_observer.finish()
+
+
+def _response_proxy(proxy: Any) -> Any:
+    """``proxy.response`` wrapped once (the same object on every access)."""
+    cached = proxy._self_response
+    if cached is None:
+        cached = _HttpResponseProxy(proxy.__wrapped__.response, proxy._self_observer)
+        proxy._self_response = cached
+    return cached
+
+
 class SyncStreamProxy(wrapt.ObjectProxy):  # type: ignore[misc]
     """Wraps ``openai.Stream``: same chunks, same methods, ``isinstance`` still holds."""
 
     def __init__(self, wrapped: Any, call: Call, hide_usage_chunk: bool = False) -> None:
         super().__init__(wrapped)
         self._self_observer = _StreamObserver(call, hide_usage_chunk)
+        self._self_response: Any = None
+
+    @property
+    def response(self) -> Any:
+        return _response_proxy(self)
 
     def __iter__(self) -> SyncStreamProxy:
         return self
@@ -132,6 +171,11 @@ class AsyncStreamProxy(wrapt.ObjectProxy):  # type: ignore[misc]
     def __init__(self, wrapped: Any, call: Call, hide_usage_chunk: bool = False) -> None:
         super().__init__(wrapped)
         self._self_observer = _StreamObserver(call, hide_usage_chunk)
+        self._self_response: Any = None
+
+    @property
+    def response(self) -> Any:
+        return _response_proxy(self)
 
     def __aiter__(self) -> AsyncStreamProxy:
         return self

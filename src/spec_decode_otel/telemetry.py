@@ -11,7 +11,9 @@ that link a metric bucket to the trace of the request that landed in it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -161,15 +163,16 @@ def per_step_attributes(record: SpecDecodeAcceptanceRecord, max_length: int) -> 
     return attrs
 
 
-class Telemetry:
-    """The instruments of one meter provider, and the bounded attribute sets they use."""
+class _MeterInstruments:
+    """The instruments of one meter provider and the in-process totals behind its counters.
 
-    def __init__(
-        self,
-        meter_provider: metrics.MeterProvider | None = None,
-        tracer_provider: trace.TracerProvider | None = None,
-    ) -> None:
-        self.tracer = trace.get_tracer(SCOPE_NAME, __version__, tracer_provider=tracer_provider)
+    Built once per meter provider and shared by every :class:`Telemetry` using it: the SDK
+    hands back the first instrument registered under a name (ignoring the callbacks of a
+    later registration), so re-instrumenting, or instrumenting two clients, against one
+    provider would otherwise add to totals that no observable counter ever reads.
+    """
+
+    def __init__(self, meter_provider: metrics.MeterProvider | None) -> None:
         meter = metrics.get_meter(SCOPE_NAME, __version__, meter_provider=meter_provider)
         self.acceptance_length = meter.create_histogram(
             M_ACCEPTANCE_LENGTH,
@@ -202,26 +205,69 @@ class Telemetry:
             description="Time from request start to the first streamed chunk",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
-        self._draft_tokens = _CounterTotals()
-        self._accepted_tokens = _CounterTotals()
-        self._verify_steps = _CounterTotals()
-        self._accepted_at_position = _CounterTotals()
+        self.draft_tokens = _CounterTotals()
+        self.accepted_tokens = _CounterTotals()
+        self.verify_steps = _CounterTotals()
+        self.accepted_at_position = _CounterTotals()
         for name, unit, totals, description in (
-            (M_DRAFT_TOKENS, "{token}", self._draft_tokens, "Draft tokens proposed"),
-            (M_ACCEPTED_DRAFT_TOKENS, "{token}", self._accepted_tokens, "Draft tokens accepted"),
-            (M_VERIFY_STEPS, "{step}", self._verify_steps, "Verify steps by drafts accepted"),
+            (M_DRAFT_TOKENS, "{token}", self.draft_tokens, "Draft tokens proposed"),
+            (M_ACCEPTED_DRAFT_TOKENS, "{token}", self.accepted_tokens, "Draft tokens accepted"),
+            (M_VERIFY_STEPS, "{step}", self.verify_steps, "Verify steps by drafts accepted"),
             (
                 M_ACCEPTED_AT_POSITION,
                 "{token}",
-                self._accepted_at_position,
+                self.accepted_at_position,
                 "Verify steps whose draft position was accepted",
             ),
         ):
             meter.create_observable_counter(
                 name, callbacks=[totals.observe], unit=unit, description=description
             )
-        self._bounded: dict[str, BoundedValues] = {}
-        self._bounded_lock = threading.Lock()
+        self.bounded: dict[str, BoundedValues] = {}
+        self.bounded_lock = threading.Lock()
+
+
+_instruments_by_provider: weakref.WeakKeyDictionary[Any, _MeterInstruments] = (
+    weakref.WeakKeyDictionary()
+)
+_instruments_lock = threading.Lock()
+
+
+def _instruments_for(meter_provider: metrics.MeterProvider | None) -> _MeterInstruments:
+    provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
+    with _instruments_lock:
+        try:
+            found = _instruments_by_provider.get(provider)
+        except TypeError:  # neither hashable nor weak-referenceable: cannot share
+            return _MeterInstruments(meter_provider)
+        if found is None:
+            found = _MeterInstruments(meter_provider)
+            with contextlib.suppress(TypeError):
+                _instruments_by_provider[provider] = found
+        return found
+
+
+class Telemetry:
+    """A tracer plus the (per meter provider, shared) instruments and bounded attributes."""
+
+    def __init__(
+        self,
+        meter_provider: metrics.MeterProvider | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
+        self.tracer = trace.get_tracer(SCOPE_NAME, __version__, tracer_provider=tracer_provider)
+        shared = _instruments_for(meter_provider)
+        self.acceptance_length = shared.acceptance_length
+        self.draft_acceptance_rate = shared.draft_acceptance_rate
+        self.operation_duration = shared.operation_duration
+        self.token_usage = shared.token_usage
+        self.time_to_first_chunk = shared.time_to_first_chunk
+        self._draft_tokens = shared.draft_tokens
+        self._accepted_tokens = shared.accepted_tokens
+        self._verify_steps = shared.verify_steps
+        self._accepted_at_position = shared.accepted_at_position
+        self._bounded = shared.bounded
+        self._bounded_lock = shared.bounded_lock
 
     def bound(self, key: str, value: Any) -> Any:
         """``value`` for metric attribute ``key``, or the overflow value past the limit."""

@@ -1,0 +1,416 @@
+"""End to end: ``spec-decode-otel demo`` -> OTLP (grpc, http/protobuf) -> the collector
+built from collector-config/ -> Prometheus (scraping, exemplars) and Jaeger v2.
+
+Checks, for each protocol:
+  - Prometheus's totals equal the records the demo wrote (exactly, up to float rounding);
+  - every record's trace is in Jaeger, with its ``spec_decode.*`` span attributes;
+  - exemplars on the acceptance-length histogram carry trace ids of those requests, and
+    those traces exist in Jaeger;
+and, once for both runs, every PromQL expression of the shipped Grafana dashboard.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from e2e_stack import (
+    CONFIG_DIR,
+    jaeger_trace_spans,
+    prom_by_label,
+    prom_exemplars,
+    prom_label_values,
+    prom_query,
+    prom_scalar,
+)
+
+from conftest import PROTOCOLS, Workload
+
+try:  # the instrumentation's bound on per-position series
+    from spec_decode_otel.telemetry import MAX_DRAFT_POSITIONS, OVERFLOW_VALUE
+except ImportError:  # pragma: no cover - the constants moved; keep the documented values
+    MAX_DRAFT_POSITIONS, OVERFLOW_VALUE = 64, "_OTHER"
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+
+DASHBOARD = CONFIG_DIR / "grafana" / "dashboards" / "spec-decode.json"
+REL = 1e-9  # float sums: the SDK and the records add the same doubles, maybe in another order
+TRACE_TIMEOUT_S = 30
+
+
+def _close(actual: float | None, expected: float, what: str, rel: float = REL) -> None:
+    assert actual is not None, f"{what}: Prometheus returned no data (expected {expected})"
+    assert math.isclose(actual, expected, rel_tol=rel, abs_tol=1e-9), (
+        f"{what}: Prometheus {actual!r} != records {expected!r}"
+    )
+
+
+def _position_label(p: int) -> str:
+    return str(p) if p < MAX_DRAFT_POSITIONS else OVERFLOW_VALUE
+
+
+class Expected:
+    """What the records say the metrics must add up to."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        recs = [r["record"] for r in records]
+        self.mal = [
+            r["mean_acceptance_length"] for r in recs if r.get("mean_acceptance_length") is not None
+        ]
+        self.dar = [
+            r["draft_acceptance_rate"] for r in recs if r.get("draft_acceptance_rate") is not None
+        ]
+        self.accepted = sum(r.get("num_accepted_draft_tokens") or 0 for r in recs)
+        self.drafted = sum(r.get("num_draft_tokens") or 0 for r in recs)
+        self.steps_by_j: Counter[str] = Counter()
+        self.at_position: Counter[str] = Counter()
+        for r in recs:
+            hist = {int(j): int(c) for j, c in (r.get("acceptance_histogram") or {}).items()}
+            for j, c in hist.items():
+                self.steps_by_j[_position_label(j)] += c
+                # A step that accepted j drafts accepted draft positions 0..j-1.
+                for p in range(j):
+                    self.at_position[_position_label(p)] += c
+        self.steps = sum(self.steps_by_j.values())
+        self.engines = Counter(r["engine"] for r in records)
+        self.models = {r["model"] for r in records}
+
+    @property
+    def token_weighted_al(self) -> float:
+        return 1.0 + self.accepted / self.steps
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_metric_totals_match_records(
+    workloads: dict[str, Workload], prom: httpx.Client, protocol: str
+) -> None:
+    w = workloads[protocol]
+    sel = w.job_matcher
+    exp = Expected(w.records)
+    assert exp.mal, "no record has a mean acceptance length"
+
+    def total(series: str, by: str | None = None) -> Any:
+        """sum (by label) of the run's ``series``: cumulative totals, exact."""
+        name, _, extra = series.partition("{")
+        matchers = f"{sel}, {extra.rstrip('}')}" if extra else sel
+        if by is None:
+            return prom_scalar(prom, f"sum({name}{{{matchers}}})")
+        return prom_by_label(prom, f"sum by ({by}) ({name}{{{matchers}}})", by)
+
+    # Acceptance-length histogram: one observation per record; the mean of the records'
+    # mean_acceptance_length is _sum / _count; the +Inf bucket holds every observation.
+    count, total_al = (
+        total("spec_decode_acceptance_length_count"),
+        total("spec_decode_acceptance_length_sum"),
+    )
+    _close(count, len(exp.mal), "acceptance_length count")
+    _close(total_al, sum(exp.mal), "acceptance_length sum")
+    _close(total_al / count, sum(exp.mal) / len(exp.mal), "mean acceptance length per request")
+    _close(total('spec_decode_acceptance_length_bucket{le="+Inf"}'), len(exp.mal), "+Inf bucket")
+    if exp.dar:
+        _close(total("spec_decode_draft_acceptance_rate_count"), len(exp.dar), "rate count")
+        _close(total("spec_decode_draft_acceptance_rate_sum"), sum(exp.dar), "rate sum")
+
+    # Counters.
+    accepted = total("spec_decode_accepted_draft_tokens_total")
+    _close(accepted, exp.accepted, "accepted_draft_tokens")
+    _close(total("spec_decode_draft_tokens_total"), exp.drafted, "draft_tokens")
+    steps_by_j = total("spec_decode_verify_steps_total", by="spec_decode_accepted")
+    assert steps_by_j == {j: float(c) for j, c in exp.steps_by_j.items()}, (
+        "verify_steps by accepted count != sum of the records' acceptance histograms"
+    )
+    at_position = total("spec_decode_accepted_at_position_total", by="spec_decode_position")
+    assert at_position == {p: float(c) for p, c in exp.at_position.items() if c}, (
+        "accepted_at_position != reverse cumulative sums of the records' histograms"
+    )
+    # Token-weighted acceptance length: 1 + accepted draft tokens / verify steps.
+    _close(1 + accepted / sum(steps_by_j.values()), exp.token_weighted_al, "token-weighted AL")
+
+    # Dimensions: engines exactly, models among the request/response model labels.
+    by_engine = total("spec_decode_acceptance_length_count", by="spec_decode_engine")
+    assert by_engine == {e: float(c) for e, c in exp.engines.items()}
+    match = f"spec_decode_acceptance_length_count{{{sel}}}"
+    models = set(prom_label_values(prom, "gen_ai_request_model", match))
+    models |= set(prom_label_values(prom, "gen_ai_response_model", match))
+    assert exp.models <= models, f"record models {exp.models} not among metric labels {models}"
+    # resource_constant_labels in otelcol.yaml copies deployment.environment.name.
+    assert prom_label_values(prom, "deployment_environment_name", match) == ["e2e"]
+
+
+# --------------------------------------------------------------------------- traces
+
+
+def _spec_span(spans: list[dict[str, Any]]) -> dict[str, Any] | None:
+    for span in spans:
+        if "spec_decode.mean_acceptance_length" in span["attributes"]:
+            return span
+    return None
+
+
+def _wait_for_trace(
+    jaeger: httpx.Client, trace_id: str, deadline: float
+) -> list[dict[str, Any]] | None:
+    while True:
+        spans = jaeger_trace_spans(jaeger, trace_id)
+        if spans and _spec_span(spans) is not None:
+            return spans
+        if time.monotonic() > deadline:
+            return spans
+        time.sleep(0.25)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_traces_carry_spec_decode_attributes(
+    workloads: dict[str, Workload], jaeger: httpx.Client, protocol: str
+) -> None:
+    w = workloads[protocol]
+    deadline = time.monotonic() + TRACE_TIMEOUT_S
+    missing = []
+    for line in w.records:
+        trace_id = line["trace_id"]
+        assert re.fullmatch(r"[0-9a-f]{32}", trace_id), trace_id
+        spans = _wait_for_trace(jaeger, trace_id, deadline)
+        span = _spec_span(spans or [])
+        if span is None:
+            missing.append(trace_id)
+            continue
+        rec, attrs = line["record"], span["attributes"]
+        assert span["resource"].get("service.name") == w.service
+        assert attrs["spec_decode.engine"] == line["engine"]
+        assert math.isclose(
+            attrs["spec_decode.mean_acceptance_length"], rec["mean_acceptance_length"]
+        )
+        if rec.get("draft_acceptance_rate") is not None:
+            assert math.isclose(
+                attrs["spec_decode.draft_acceptance_rate"], rec["draft_acceptance_rate"]
+            )
+        for key in (
+            "num_spec_steps",
+            "num_accepted_draft_tokens",
+            "num_draft_tokens",
+            "num_spec_tokens",
+        ):
+            if rec.get(key) is not None:
+                assert attrs.get(f"spec_decode.{key}") == rec[key], key
+        hist = {int(j): int(c) for j, c in (rec.get("acceptance_histogram") or {}).items()}
+        if hist:
+            dense = [hist.get(j, 0) for j in range(max(hist) + 1)]
+            got = list(attrs["spec_decode.acceptance_histogram"])
+            # Dense from 0; trailing zero buckets (up to k) are allowed.
+            assert got[: len(dense)] == dense and not any(got[len(dense) :]), (got, dense)
+    assert not missing, f"{len(missing)}/{len(w.records)} traces not in Jaeger: {missing[:5]}"
+
+    # The classic JSON API (what Grafana's Jaeger datasource reads) serves them too.
+    first = w.records[0]["trace_id"]
+    body = jaeger.get(f"/api/traces/{first}").json()
+    tags = {t["key"] for s in body["data"][0]["spans"] for t in s["tags"]}
+    assert "spec_decode.mean_acceptance_length" in tags
+    services = jaeger.get("/api/services").json()["data"]
+    assert w.service in services
+
+
+# --------------------------------------------------------------------------- exemplars
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_exemplars_link_metrics_to_traces(
+    workloads: dict[str, Workload], prom: httpx.Client, jaeger: httpx.Client, protocol: str
+) -> None:
+    w = workloads[protocol]
+    values_by_trace: dict[str, list[float]] = {}
+    for line in w.records:
+        values_by_trace.setdefault(line["trace_id"], []).append(
+            line["record"]["mean_acceptance_length"]
+        )
+
+    exemplars: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 15
+    while not exemplars and time.monotonic() < deadline:
+        exemplars = prom_exemplars(
+            prom,
+            f"spec_decode_acceptance_length_bucket{{{w.job_matcher}}}",
+            w.started - 60,
+            time.time() + 60,
+        )
+        if not exemplars:
+            time.sleep(0.5)
+    assert exemplars, "no exemplar on spec_decode_acceptance_length_bucket"
+
+    for ex in exemplars:
+        trace_id = ex["labels"].get("trace_id")
+        assert trace_id, f"exemplar without trace_id: {ex}"
+        assert ex["labels"].get("span_id"), f"exemplar without span_id: {ex}"
+        # Each exemplar is one request's measurement, recorded in that request's span.
+        assert trace_id in values_by_trace, (
+            f"exemplar trace {trace_id} is not one of the demo's requests"
+        )
+        assert any(math.isclose(float(ex["value"]), v) for v in values_by_trace[trace_id])
+        # And it sits in the right bucket.
+        le = ex["series"]["le"]
+        assert float(ex["value"]) <= (math.inf if le == "+Inf" else float(le))
+
+    deadline = time.monotonic() + TRACE_TIMEOUT_S
+    for trace_id in {ex["labels"]["trace_id"] for ex in exemplars}:
+        spans = _wait_for_trace(jaeger, trace_id, deadline)
+        assert spans, f"exemplar trace {trace_id} not found in Jaeger"
+        span = _spec_span(spans)
+        assert span is not None
+        assert {
+            ex["labels"]["span_id"] for ex in exemplars if ex["labels"]["trace_id"] == trace_id
+        } <= {s["span_id"] for s in spans}
+
+
+# --------------------------------------------------------------------------- dashboard
+
+
+def _dashboard() -> dict[str, Any]:
+    return json.loads(Path(DASHBOARD).read_text(encoding="utf-8"))
+
+
+def _targets(dashboard: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    out = []
+    for panel in dashboard["panels"]:
+        for sub in [panel, *panel.get("panels", [])]:
+            for target in sub.get("targets", []):
+                out.append((sub, target))
+    return out
+
+
+def _substitute(expr: str, variables: dict[str, str]) -> str:
+    for name in sorted(variables, key=len, reverse=True):
+        expr = expr.replace("${" + name + "}", variables[name]).replace("$" + name, variables[name])
+    assert "$" not in expr, f"unsubstituted variable in {expr}"
+    return expr
+
+
+def _variables(workloads: dict[str, Workload], **extra: str) -> dict[str, str]:
+    services = "|".join(w.service for w in workloads.values())
+    return {
+        "service": services,
+        "model": ".*",
+        "engine": ".*",
+        "server": ".*",
+        "dimension": "workload",
+        "__rate_interval": "5m",
+        "__range": "10m",
+        "__interval": "15s",
+        **extra,
+    }
+
+
+def test_every_dashboard_query_returns_data(
+    workloads: dict[str, Workload], prom: httpx.Client
+) -> None:
+    dashboard = _dashboard()
+    variables = _variables(workloads)
+    targets = _targets(dashboard)
+    assert len(targets) >= 10
+    problems = []
+    for panel, target in targets:
+        expr = _substitute(target["expr"], variables)
+        result = prom_query(prom, expr)
+        values = [float(r["value"][1]) for r in result]
+        finite = [v for v in values if math.isfinite(v)]
+        where = f"{panel['title']!r} {target['refId']}"
+        if not finite:
+            problems.append(f"{where}: no finite value ({len(result)} series): {expr}")
+            continue
+        unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit")
+        if unit == "percentunit" and not all(-1e-9 <= v <= 1 + 1e-9 for v in finite):
+            problems.append(f"{where}: ratio outside [0, 1]: {finite}")
+        if (
+            "acceptance length" in panel["title"].lower()
+            and panel["type"] != "heatmap"
+            and min(finite) < 1 - 1e-9
+        ):
+            problems.append(f"{where}: acceptance length below 1: {finite}")
+    assert not problems, "\n".join(problems)
+
+
+def _as_totals(expr: str) -> str:
+    """``increase(M{...}[$__range])`` -> ``M{...}``: the same formula over the cumulative
+    totals, which are exact (increase() extrapolates and misses a new series' first sample)."""
+    return re.sub(r"increase\(([a-z_:]+\{[^}]*\})\[\$__range\]\)", r"\1", expr)
+
+
+def test_dashboard_overview_equals_records(
+    workloads: dict[str, Workload], prom: httpx.Client
+) -> None:
+    """The dashboard's own formulas, applied to totals, give the values the records give."""
+    records = [r for w in workloads.values() for r in w.records]
+    exp = Expected(records)
+    variables = _variables(workloads)
+    by_title = {}
+    for panel, target in _targets(_dashboard()):
+        if "$__range" in target["expr"]:
+            by_title[panel["title"]] = _substitute(_as_totals(target["expr"]), variables)
+
+    def scalar(title: str) -> float | None:
+        return prom_scalar(prom, by_title[title])
+
+    _close(scalar("Requests with acceptance data"), len(exp.mal), "requests")
+    _close(scalar("Acceptance length (token-weighted)"), exp.token_weighted_al, "token-weighted AL")
+    _close(scalar("Mean acceptance length per request"), sum(exp.mal) / len(exp.mal), "mean AL")
+    _close(
+        scalar("Draft acceptance rate (token-weighted)"),
+        exp.accepted / exp.drafted,
+        "acceptance rate",
+    )
+
+    per_position = prom_by_label(
+        prom,
+        by_title["Acceptance rate by draft position (selected range)"],
+        "spec_decode_position",
+    )
+    want = {p: c / exp.steps for p, c in exp.at_position.items() if c}
+    assert per_position.keys() == want.keys()
+    for p, v in want.items():
+        _close(per_position[p], v, f"acceptance rate at position {p}")
+
+    steps = prom_by_label(
+        prom,
+        by_title["Verify steps by number of accepted drafts (selected range)"],
+        "spec_decode_accepted",
+    )
+    assert steps == {j: float(c) for j, c in exp.steps_by_j.items()}
+
+
+def test_dashboard_variables_resolve(workloads: dict[str, Workload], prom: httpx.Client) -> None:
+    """Each label_values() variable query lists the values the demo produced."""
+    records = [r for w in workloads.values() for r in w.records]
+    variables = _variables(workloads)
+    found: dict[str, list[str]] = {}
+    for var in _dashboard()["templating"]["list"]:
+        if var["type"] != "query":
+            continue
+        query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+        m = re.fullmatch(r"label_values\((.+),\s*([A-Za-z_][A-Za-z0-9_]*)\)", query.strip())
+        assert m, f"variable {var['name']}: unexpected query {query}"
+        match, label = _substitute(m.group(1), variables), m.group(2)
+        found[var["name"]] = prom_label_values(prom, label, match)
+        assert found[var["name"]], f"variable {var['name']}: no values for {query}"
+    assert {w.service for w in workloads.values()} <= set(found["service"])
+    assert {r["engine"] for r in records} <= set(found["engine"])
+    assert {r["model"] for r in records} <= set(found["model"]) | _response_models(prom, workloads)
+    assert "127.0.0.1" in found["server"] or "localhost" in found["server"] or found["server"]
+
+
+def _response_models(prom: httpx.Client, workloads: dict[str, Workload]) -> set[str]:
+    services = "|".join(w.service for w in workloads.values())
+    return set(
+        prom_label_values(
+            prom,
+            "gen_ai_response_model",
+            f'spec_decode_acceptance_length_count{{job=~"{services}"}}',
+        )
+    )

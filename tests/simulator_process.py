@@ -29,8 +29,9 @@ class SimulatorProcess:
         self.proc: subprocess.Popen[str] | None = None
         self.base_url: str = ""
         self.returncode: int | None = None
-        # kept open after stop() so a failure can still show what the server said
-        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        # a file, not a pipe, so a chatty server never blocks; read back on stop()
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in stop()
+        self._stderr_text: str | None = None
 
     @property
     def command(self) -> list[str]:
@@ -58,6 +59,8 @@ class SimulatorProcess:
         return self.base_url
 
     def stderr(self) -> str:
+        if self._stderr_text is not None:
+            return self._stderr_text
         self._stderr.seek(0)
         return self._stderr.read()
 
@@ -76,6 +79,8 @@ class SimulatorProcess:
         self.returncode = proc.returncode
         if proc.stdout is not None:
             proc.stdout.close()
+        self._stderr_text = self.stderr()
+        self._stderr.close()
         self.proc = None
         return self.returncode
 
@@ -88,7 +93,6 @@ class SimulatorProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-        self._stderr.close()
 
 
 def wait_until(predicate, timeout: float = 5.0, interval: float = 0.02) -> bool:  # type: ignore[no-untyped-def]

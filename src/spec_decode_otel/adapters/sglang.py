@@ -17,6 +17,7 @@ from spec_decode_otel.adapters._fields import (
     derived_mean_acceptance_length,
     derived_rate,
     exact_int,
+    finite_number,
     first_present,
     is_present,
     stats_choice_indices,
@@ -28,6 +29,7 @@ _STEPS = ("spec_verify_ct",)
 _ACCEPTED = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
 _DRAFTED = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")
 _HISTOGRAM = ("spec_correct_drafts_histogram", "spec_accept_histogram")
+_FLOATS = ("spec_accept_rate", "spec_accept_length")
 _SIGNATURE = _STEPS + _ACCEPTED + _DRAFTED + _HISTOGRAM
 
 
@@ -71,6 +73,11 @@ class SglangAdapter:
                 return None  # present but not an exact count: malformed, not "unreported"
         if accepted is None or (steps is None and drafted is None):
             return None
+        for name in _FLOATS:
+            # SGLang's own floats are not used (the counts define ours), but a NaN or a
+            # string where the engine sends a number means the payload is corrupt.
+            if name in details and finite_number(details[name]) is None:
+                return None
         raw_hist = first_present(details, *_HISTOGRAM)
         hist = None
         k = None

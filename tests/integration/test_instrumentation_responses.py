@@ -1,0 +1,275 @@
+"""The SDK's other ways to call: raw responses, streaming responses, ``parse()``, the
+``stream()`` helper, and the Responses API (which must pass through untouched).
+
+Each comparison runs the same seeded request once without instrumentation and once with
+it: headers, types and parsed content must be the same, and the instrumented call's span
+must carry the record of the body it actually received.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+from instrumentation_helpers import (
+    MESSAGES,
+    MODEL,
+    SPEC_DECODE_METRICS,
+    Otel,
+    dumps_without_volatile,
+    expected_span_attributes,
+    raw_payload,
+    spec_decode_attributes,
+)
+from opentelemetry.trace import StatusCode
+
+import spec_decode_otel
+
+#: Headers that may differ between two answers to the same request.
+VOLATILE_HEADERS = {"date"}
+
+
+def kwargs_for(stream: bool, seed: int = 21) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "model": MODEL,
+        "messages": MESSAGES,
+        "extra_headers": {"x-spec-decode-engine": "vllm", "x-sim-seed": str(seed)},
+    }
+    if stream:
+        kwargs["stream"] = True
+        kwargs["stream_options"] = {"include_usage": True}
+    return kwargs
+
+
+def headers_of(response: Any) -> dict[str, str]:
+    return {k: v for k, v in response.headers.items() if k.lower() not in VOLATILE_HEADERS}
+
+
+def assert_span_has_record_of(otel: Otel, payload: Any) -> None:
+    record = spec_decode_otel.record_from_json(payload)
+    assert record is not None
+    span = otel.only_span()
+    assert span.status.status_code is StatusCode.UNSET
+    assert spec_decode_attributes(span.attributes) == expected_span_attributes(record)
+
+
+async def consume(parsed: Any) -> list[Any]:
+    if isinstance(parsed, openai.AsyncStream):
+        return [chunk async for chunk in parsed]
+    if isinstance(parsed, openai.Stream):
+        return list(parsed)
+    return [parsed]
+
+
+# -- with_raw_response -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_with_raw_response_is_unchanged_and_recorded(
+    mode: str,
+    stream: bool,
+    otel: Otel,
+    openai_client: Any,
+    async_openai_client: Any,
+    simulator_url: str,
+) -> None:
+    kwargs = kwargs_for(stream)
+
+    async def fetch() -> tuple[Any, Any, list[Any]]:
+        if mode == "sync":
+            raw = openai_client.chat.completions.with_raw_response.create(**kwargs)
+        else:
+            raw = await async_openai_client.chat.completions.with_raw_response.create(**kwargs)
+        parsed = raw.parse()
+        return raw, parsed, await consume(parsed)
+
+    bare_raw, bare_parsed, bare_items = await fetch()
+    otel.instrument()
+    raw, parsed, items = await fetch()
+
+    assert isinstance(raw, type(bare_raw))
+    assert raw.__class__ is bare_raw.__class__
+    assert (raw.status_code, raw.http_request.method, str(raw.http_request.url)) == (
+        bare_raw.status_code,
+        bare_raw.http_request.method,
+        str(bare_raw.http_request.url),
+    )
+    assert headers_of(raw) == headers_of(bare_raw)
+    assert parsed.__class__ is bare_parsed.__class__
+    if not stream:
+        assert type(parsed) is type(bare_parsed)  # the very object, not a proxy
+    assert dumps_without_volatile(items) == dumps_without_volatile(bare_items)
+    if stream:
+        assert_span_has_record_of(otel, raw_payload(simulator_url, "chat", kwargs))
+    else:
+        # the exact body this call received, as the user can read it
+        assert_span_has_record_of(otel, json.loads(raw.text))
+        assert raw.parse() is parsed  # the SDK's cache still works through us
+
+
+# -- with_streaming_response -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_with_streaming_response_is_unchanged_and_recorded(
+    mode: str,
+    stream: bool,
+    otel: Otel,
+    openai_client: Any,
+    async_openai_client: Any,
+    simulator_url: str,
+) -> None:
+    kwargs = kwargs_for(stream)
+
+    async def fetch() -> tuple[dict[str, str], type, list[Any], int]:
+        if mode == "sync":
+            with openai_client.chat.completions.with_streaming_response.create(**kwargs) as resp:
+                parsed = resp.parse()
+                items = await consume(parsed)
+                return headers_of(resp), parsed.__class__, items, resp.status_code
+        async with async_openai_client.chat.completions.with_streaming_response.create(
+            **kwargs
+        ) as resp:
+            parsed = await resp.parse()
+            items = await consume(parsed)
+            return headers_of(resp), parsed.__class__, items, resp.status_code
+
+    bare = await fetch()
+    otel.instrument()
+    ours = await fetch()
+    assert ours[0] == bare[0]
+    assert ours[1] is bare[1]
+    assert dumps_without_volatile(ours[2]) == dumps_without_volatile(bare[2])
+    assert ours[3] == bare[3] == 200
+    assert_span_has_record_of(otel, raw_payload(simulator_url, "chat", kwargs))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_streaming_response_read_as_lines_still_ends_its_span(
+    mode: str, instrumented: Otel, openai_client: Any, async_openai_client: Any
+) -> None:
+    kwargs = kwargs_for(True)
+    if mode == "sync":
+        with openai_client.chat.completions.with_streaming_response.create(**kwargs) as resp:
+            lines = [line for line in resp.iter_lines() if line]
+            assert instrumented.spans() == []
+    else:
+        async with async_openai_client.chat.completions.with_streaming_response.create(
+            **kwargs
+        ) as resp:
+            lines = [line async for line in resp.iter_lines() if line]
+            assert instrumented.spans() == []
+    assert lines[-1] == "data: [DONE]"
+    span = instrumented.only_span()  # ended by the context manager's exit
+    assert span.status.status_code is StatusCode.UNSET
+    assert spec_decode_attributes(span.attributes) == {}  # we never saw a parsed body
+
+
+# -- parse() and the stream() helper ------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_chat_completions_parse_is_recorded(
+    mode: str,
+    otel: Otel,
+    openai_client: Any,
+    async_openai_client: Any,
+    simulator_url: str,
+) -> None:
+    # The simulator answers with filler text whatever response_format asks for, so the
+    # structured-output check is left to the SDK: parse() here has no response_format.
+    kwargs = kwargs_for(False, seed=33)
+
+    async def fetch() -> Any:
+        if mode == "sync":
+            return openai_client.chat.completions.parse(**kwargs)
+        return await async_openai_client.chat.completions.parse(**kwargs)
+
+    bare = await fetch()
+    otel.instrument()
+    ours = await fetch()
+    assert type(ours) is type(bare)
+    assert isinstance(ours, openai.types.chat.ParsedChatCompletion)
+    assert dumps_without_volatile([ours]) == dumps_without_volatile([bare])
+    assert_span_has_record_of(otel, raw_payload(simulator_url, "chat", kwargs))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_stream_helper_is_recorded_from_its_chunks(
+    mode: str,
+    otel: Otel,
+    openai_client: Any,
+    async_openai_client: Any,
+    simulator_url: str,
+) -> None:
+    kwargs = kwargs_for(True, seed=44)
+    del kwargs["stream"]  # the helper sets it
+
+    async def events() -> tuple[list[str], Any]:
+        if mode == "sync":
+            with openai_client.chat.completions.stream(**kwargs) as helper:
+                kinds = [event.type for event in helper]
+                return kinds, helper.get_final_completion()
+        async with async_openai_client.chat.completions.stream(**kwargs) as helper:
+            kinds = [event.type async for event in helper]
+            return kinds, await helper.get_final_completion()
+
+    bare_kinds, bare_final = await events()
+    otel.instrument()
+    kinds, final = await events()
+    assert kinds == bare_kinds and "chunk" in kinds
+    assert final.choices[0].message.content == bare_final.choices[0].message.content
+    assert_span_has_record_of(otel, raw_payload(simulator_url, "chat", {**kwargs, "stream": True}))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_stream_helper_left_early_ends_its_span_at_exit(
+    mode: str, instrumented: Otel, openai_client: Any, async_openai_client: Any
+) -> None:
+    kwargs = kwargs_for(True)
+    del kwargs["stream"]
+    if mode == "sync":
+        with openai_client.chat.completions.stream(**kwargs) as helper:
+            for _ in helper:
+                break
+            assert instrumented.spans() == []
+    else:
+        async with async_openai_client.chat.completions.stream(**kwargs) as helper:
+            async for _ in helper:
+                break
+            assert instrumented.spans() == []
+    # ended by the helper's close (through stream.response), not later by the GC
+    span = instrumented.only_span()
+    assert "error.type" not in span.attributes
+    assert span.status.status_code is StatusCode.UNSET
+    del helper
+
+
+# -- the Responses API --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_responses_api_passes_through_untouched(
+    mode: str, otel: Otel, openai_client: Any, async_openai_client: Any
+) -> None:
+    async def attempt() -> openai.NotFoundError:
+        with pytest.raises(openai.NotFoundError) as info:
+            if mode == "sync":
+                openai_client.responses.create(model=MODEL, input="hello")
+            else:
+                await async_openai_client.responses.create(model=MODEL, input="hello")
+        return info.value
+
+    bare = await attempt()
+    otel.instrument()
+    ours = await attempt()
+    assert type(ours) is type(bare)
+    assert (ours.status_code, ours.body) == (bare.status_code, bare.body)
+    assert otel.spans() == []
+    metrics = otel.metrics()
+    assert not otel.points(metrics, "gen_ai.client.operation.duration")
+    assert not [n for n in SPEC_DECODE_METRICS if otel.points(metrics, n)]

@@ -1,0 +1,339 @@
+"""Options and scopes: ``instrument_client``, user attributes, the opt-in request changes
+(``inject_include_usage``, ``inject_traceparent``, ``request_engine_stats``).
+
+What goes on the wire is captured with an ``httpx`` event hook on the client's own
+transport (``http_client=httpx.Client(event_hooks=...)``), so the tests see the exact
+headers and body the server received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from instrumentation_helpers import (
+    MESSAGES,
+    MODEL,
+    Otel,
+    call_async,
+    call_sync,
+    dumps_without_volatile,
+    request_kwargs,
+    spec_decode_attributes,
+)
+
+import spec_decode_otel
+
+# -- instrument_client ---------------------------------------------------------------------
+
+
+def test_instrument_client_covers_only_that_instance(otel: Otel, simulator_url: str) -> None:
+    chosen = openai.OpenAI(api_key="sk-test", base_url=simulator_url, max_retries=0)
+    other = openai.OpenAI(api_key="sk-test", base_url=simulator_url, max_retries=0)
+    try:
+        returned = spec_decode_otel.instrument_client(
+            chosen, tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider
+        )
+        assert returned is chosen
+        call_sync(chosen, "chat", request_kwargs("vllm", "chat", False, 71))
+        assert len(otel.spans()) == 1
+        call_sync(other, "chat", request_kwargs("vllm", "chat", False, 72))
+        call_sync(other, "chat", request_kwargs("vllm", "chat", True, 73))
+        call_sync(
+            chosen.with_options(timeout=30), "chat", request_kwargs("vllm", "chat", False, 74)
+        )
+        assert len(otel.spans()) == 1  # neither the other client nor a copy
+        call_sync(chosen, "chat", request_kwargs("vllm", "chat", True, 75))
+        spans = otel.spans()
+        assert len(spans) == 2
+        assert all(spec_decode_attributes(s.attributes)["spec_decode.engine"] for s in spans)
+    finally:
+        chosen.close()
+        other.close()
+
+
+async def test_instrument_client_async_and_no_double_span_with_global(
+    otel: Otel, simulator_url: str
+) -> None:
+    chosen = openai.AsyncOpenAI(api_key="sk-test", base_url=simulator_url, max_retries=0)
+    other = openai.AsyncOpenAI(api_key="sk-test", base_url=simulator_url, max_retries=0)
+    try:
+        spec_decode_otel.instrument_client(
+            chosen, tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider
+        )
+        await call_async(chosen, "chat", request_kwargs("sglang", "chat", True, 76))
+        await call_async(other, "chat", request_kwargs("sglang", "chat", True, 77))
+        assert len(otel.spans()) == 1
+        # instrumenting the whole process as well must not record the client twice
+        otel.instrument()
+        await call_async(chosen, "chat", request_kwargs("sglang", "chat", False, 78))
+        await call_async(other, "chat", request_kwargs("sglang", "chat", False, 79))
+        assert len(otel.spans()) == 3
+    finally:
+        await chosen.close()
+        await other.close()
+
+
+def test_counters_keep_counting_across_reinstrumentation(otel: Otel, openai_client: Any) -> None:
+    """Re-instrumenting against the same meter provider must not orphan the counters."""
+    otel.instrument()
+    call_sync(openai_client, "chat", request_kwargs("vllm", "chat", False, 81))
+    otel.instrument(record_per_step=True)
+    call_sync(openai_client, "chat", request_kwargs("vllm", "chat", False, 82))
+    drafted = [s.attributes["spec_decode.num_draft_tokens"] for s in otel.spans()]
+    steps = [s.attributes["spec_decode.num_spec_steps"] for s in otel.spans()]
+    metrics = otel.metrics()
+    (point,) = otel.points(metrics, "spec_decode.draft_tokens")
+    assert point.value == sum(drafted)
+    assert sum(p.value for p in otel.points(metrics, "spec_decode.verify_steps")) == sum(steps)
+    (length,) = otel.points(metrics, "spec_decode.acceptance_length")
+    assert length.count == 2
+
+
+# -- user attributes ---------------------------------------------------------------------
+
+
+def test_user_attributes_go_on_spans_and_allow_listed_ones_on_metrics(
+    otel: Otel, openai_client: Any
+) -> None:
+    otel.instrument(metric_attributes=("workload",))
+    with spec_decode_otel.attributes(workload="rag", tenant="acme"):
+        with spec_decode_otel.attributes(workload="summarize"):  # inner wins
+            call_sync(openai_client, "chat", request_kwargs("vllm", "chat", False, 83))
+        call_sync(openai_client, "chat", request_kwargs("vllm", "chat", True, 84))
+    call_sync(openai_client, "chat", request_kwargs("vllm", "chat", False, 85))
+
+    first, second, third = otel.spans()
+    assert (first.attributes["workload"], first.attributes["tenant"]) == ("summarize", "acme")
+    assert (second.attributes["workload"], second.attributes["tenant"]) == ("rag", "acme")
+    assert "workload" not in third.attributes and "tenant" not in third.attributes
+
+    metrics = otel.metrics()
+    lengths = otel.points(metrics, "spec_decode.acceptance_length")
+    by_workload = {dict(p.attributes).get("workload"): p.count for p in lengths}
+    assert by_workload == {"summarize": 1, "rag": 1, None: 1}
+    # not allow-listed: never a metric attribute
+    for name in ("spec_decode.acceptance_length", "spec_decode.verify_steps"):
+        assert all("tenant" not in p.attributes for p in otel.points(metrics, name))
+    durations = otel.points(metrics, "gen_ai.client.operation.duration")
+    assert sorted(str(dict(p.attributes).get("workload")) for p in durations) == [
+        "None",
+        "rag",
+        "summarize",
+    ]
+
+
+def test_user_attributes_stay_off_metrics_unless_allow_listed(
+    instrumented: Otel, openai_client: Any
+) -> None:
+    with spec_decode_otel.attributes(workload="rag"):
+        call_sync(openai_client, "chat", request_kwargs("vllm", "chat", False, 86))
+    assert instrumented.only_span().attributes["workload"] == "rag"
+    metrics = instrumented.metrics()
+    for name in ("spec_decode.acceptance_length", "gen_ai.client.operation.duration"):
+        (point,) = instrumented.points(metrics, name)
+        assert "workload" not in point.attributes
+
+
+async def test_user_attributes_cross_await_and_never_bleed_between_tasks(
+    otel: Otel, async_openai_client: Any
+) -> None:
+    otel.instrument(metric_attributes=("workload",))
+    start = asyncio.Event()
+
+    async def task(i: int) -> None:
+        with spec_decode_otel.attributes(workload=f"w{i}"):
+            await start.wait()  # every task is inside its block before any call starts
+            kwargs = request_kwargs("vllm", "chat", True, 90 + i, model=f"model-{i}")
+            stream = await async_openai_client.chat.completions.create(**kwargs)
+            async for _ in stream:
+                await asyncio.sleep(0)  # interleave the tasks chunk by chunk
+
+    tasks = [asyncio.create_task(task(i)) for i in range(4)]
+    await asyncio.sleep(0)
+    start.set()
+    await asyncio.gather(*tasks)
+
+    spans = otel.spans()
+    assert len(spans) == 4
+    for span in spans:
+        i = span.name.removeprefix("chat model-")
+        assert span.attributes["workload"] == f"w{i}"
+        assert span.attributes["spec_decode.engine"] == "vllm"
+    points = otel.points(otel.metrics(), "spec_decode.acceptance_length")
+    assert sorted(
+        (p.attributes["workload"], p.attributes["gen_ai.request.model"]) for p in points
+    ) == [(f"w{i}", f"model-{i}") for i in range(4)]
+
+
+# -- opt-in request changes -----------------------------------------------------------------
+
+
+class WireLog:
+    """The requests the client's transport sent: headers and decoded JSON body."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[httpx.Headers, dict[str, Any]]] = []
+
+    def hook(self, request: httpx.Request) -> None:
+        self.requests.append((request.headers, json.loads(request.content or b"{}")))
+
+    async def async_hook(self, request: httpx.Request) -> None:
+        self.hook(request)
+
+    @property
+    def last(self) -> tuple[httpx.Headers, dict[str, Any]]:
+        return self.requests[-1]
+
+
+@pytest.fixture
+def wire(simulator_url: str) -> Any:
+    log = WireLog()
+    http_client = httpx.Client(event_hooks={"request": [log.hook]})
+    client = openai.OpenAI(
+        api_key="sk-test", base_url=simulator_url, max_retries=0, http_client=http_client
+    )
+    yield client, log
+    client.close()
+
+
+@pytest.fixture
+async def async_wire(simulator_url: str) -> Any:
+    log = WireLog()
+    http_client = httpx.AsyncClient(event_hooks={"request": [log.async_hook]})
+    client = openai.AsyncOpenAI(
+        api_key="sk-test", base_url=simulator_url, max_retries=0, http_client=http_client
+    )
+    yield client, log
+    await client.close()
+
+
+def vllm_stream(seed: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": MESSAGES,
+        "stream": True,
+        "extra_headers": {"x-spec-decode-engine": "vllm", "x-sim-seed": str(seed)},
+        **extra,
+    }
+
+
+def is_usage_chunk(chunk: Any) -> bool:
+    return not chunk.choices and chunk.usage is not None
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_injected_include_usage_is_invisible_to_the_user(
+    mode: str, otel: Otel, wire: Any, async_wire: Any
+) -> None:
+    client, log = wire if mode == "sync" else async_wire
+
+    async def read(kwargs: dict[str, Any]) -> list[Any]:
+        if mode == "sync":
+            return call_sync(client, "chat", kwargs)
+        return await call_async(client, "chat", kwargs)
+
+    bare = await read(vllm_stream(101))
+    assert "stream_options" not in log.last[1]
+    otel.instrument(inject_include_usage=True)
+    ours = await read(vllm_stream(101))
+
+    assert log.last[1]["stream_options"] == {"include_usage": True}  # asked on the wire
+    assert len(ours) == len(bare)
+    assert not any(is_usage_chunk(c) for c in ours)
+    assert dumps_without_volatile(ours) == dumps_without_volatile(bare)
+    span = otel.only_span()
+    # the stats came from the chunk the user never saw
+    assert span.attributes["spec_decode.engine"] == "vllm"
+    assert span.attributes["spec_decode.num_spec_steps"] > 0
+    assert span.attributes["gen_ai.usage.output_tokens"] > 0
+
+    # a non-streaming request is left as it was
+    await read({**vllm_stream(102), "stream": False})
+    assert "stream_options" not in log.last[1]
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_an_explicit_include_usage_is_respected(include_usage: bool, otel: Otel, wire: Any) -> None:
+    client, log = wire
+    kwargs = vllm_stream(103, stream_options={"include_usage": include_usage})
+    bare = call_sync(client, "chat", kwargs)
+    otel.instrument(inject_include_usage=True)
+    ours = call_sync(client, "chat", kwargs)
+    assert log.last[1]["stream_options"] == {"include_usage": include_usage}
+    assert dumps_without_volatile(ours) == dumps_without_volatile(bare)
+    assert is_usage_chunk(ours[-1]) is include_usage  # the user's own usage chunk stays
+    stats = spec_decode_attributes(otel.only_span().attributes)
+    assert bool(stats) is include_usage
+
+
+def test_traceparent_carries_the_span_of_the_call(otel: Otel, wire: Any) -> None:
+    client, log = wire
+    otel.instrument()
+    call_sync(client, "chat", request_kwargs("vllm", "chat", False, 104))
+    assert "traceparent" not in log.last[0]  # opt-in only
+
+    otel.clear()
+    otel.instrument(inject_traceparent=True)
+    call_sync(client, "chat", request_kwargs("vllm", "chat", True, 105))
+    version, trace_id, span_id, flags = log.last[0]["traceparent"].split("-")
+    span = otel.only_span()
+    assert version == "00" and int(flags, 16) & 0x01  # sampled
+    assert int(trace_id, 16) == span.context.trace_id
+    assert int(span_id, 16) == span.context.span_id
+
+    # a traceparent the user sent is theirs to keep
+    user_tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    kwargs = request_kwargs("vllm", "chat", False, 106)
+    kwargs["extra_headers"]["traceparent"] = user_tp
+    call_sync(client, "chat", kwargs)
+    assert log.last[0]["traceparent"] == user_tp
+
+
+async def test_traceparent_on_the_async_client_under_a_user_span(
+    otel: Otel, async_wire: Any
+) -> None:
+    client, log = async_wire
+    otel.instrument(inject_traceparent=True)
+    with otel.tracer.start_as_current_span("request handler") as handler:
+        await call_async(client, "chat", request_kwargs("vllm", "chat", False, 107))
+    _, trace_id, span_id, _ = log.last[0]["traceparent"].split("-")
+    (ours,) = otel.our_spans()
+    assert int(trace_id, 16) == ours.context.trace_id == handler.get_span_context().trace_id
+    assert int(span_id, 16) == ours.context.span_id  # the call's span, not the handler's
+
+
+def test_request_engine_stats_adds_the_sglang_field_without_overriding(
+    otel: Otel, wire: Any
+) -> None:
+    client, log = wire
+    plain = request_kwargs("sglang", "chat", False, 108)
+    del plain["extra_body"]
+
+    otel.instrument()
+    call_sync(client, "chat", plain)
+    assert "return_spec_tokens_details" not in log.last[1]
+    assert spec_decode_attributes(otel.only_span().attributes) == {}
+
+    otel.clear()
+    otel.instrument(request_engine_stats=("sglang",))
+    call_sync(client, "chat", plain)
+    assert log.last[1]["return_spec_tokens_details"] is True
+    assert otel.only_span().attributes["spec_decode.engine"] == "sglang"
+    assert "extra_body" not in plain  # the user's arguments were not mutated
+
+    otel.clear()
+    call_sync(client, "chat", {**plain, "extra_body": {"return_spec_tokens_details": False}})
+    assert log.last[1]["return_spec_tokens_details"] is False
+    assert spec_decode_attributes(otel.only_span().attributes) == {}
+
+    otel.clear()
+    streamed = request_kwargs("sglang", "completions", True, 109)
+    del streamed["extra_body"]
+    call_sync(client, "completions", streamed)
+    assert log.last[1]["return_spec_tokens_details"] is True
+    assert otel.only_span().attributes["spec_decode.engine"] == "sglang"

@@ -1,0 +1,193 @@
+"""Out-of-process set-ups: zero-code ``opentelemetry-instrument`` and ``setup()``.
+
+Zero-code: ``opentelemetry-instrument python zero_code_app.py`` with OTLP/HTTP exporters
+pointed at an in-process OTLP receiver (``oteltap``) over real HTTP. The app contains no
+telemetry code; the spans and metrics it exports must carry the spec-decode data.
+
+``setup()`` with no endpoint configured: runs, instruments, exports nothing, and the
+process exits cleanly and quietly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from oteltap import OtelTapHttpProtobufReceiver, OtelTapHttpProtobufReceiverSettings
+
+HERE = Path(__file__).resolve().parent
+APP = HERE / "zero_code_app.py"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment minus every OTEL_/SPEC_DECODE_OTEL_ setting."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_"))}
+    env.update(extra)
+    return env
+
+
+def attrs_of(item: Any) -> dict[str, Any]:
+    """OTLP KeyValue list → plain dict (ints, doubles, strings, bools, int arrays)."""
+    out: dict[str, Any] = {}
+    for kv in item.attributes:
+        value = kv.value
+        kind = value.WhichOneof("value")
+        if kind == "array_value":
+            out[kv.key] = [getattr(v, v.WhichOneof("value")) for v in value.array_value.values]
+        else:
+            out[kv.key] = getattr(value, kind)
+    return out
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        await asyncio.sleep(0.05)
+    return condition()
+
+
+async def test_zero_code_exports_spec_decode_spans_and_metrics(simulator_url: str) -> None:
+    instrument = shutil.which("opentelemetry-instrument")
+    assert instrument, "opentelemetry-distro's opentelemetry-instrument is not installed"
+    port = free_port()
+    settings = OtelTapHttpProtobufReceiverSettings(http_port=port)
+    async with OtelTapHttpProtobufReceiver(settings) as receiver:
+        spans: list[Any] = []
+        metrics: list[Any] = []
+
+        async def collect(source: Any, into: list[Any]) -> None:
+            async for item in source:
+                into.append(item)
+
+        collectors = [
+            asyncio.create_task(collect(receiver.stream_traces(), spans)),
+            asyncio.create_task(collect(receiver.stream_metrics(), metrics)),
+        ]
+        await asyncio.sleep(0.05)  # subscribed before anything can arrive
+        env = clean_env(
+            SIMULATOR_URL=simulator_url,
+            OTEL_SERVICE_NAME="zero-code-app",
+            OTEL_TRACES_EXPORTER="otlp",
+            OTEL_METRICS_EXPORTER="otlp",
+            OTEL_LOGS_EXPORTER="none",
+            OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+            OTEL_METRIC_EXPORT_INTERVAL="500",
+            OTEL_BSP_SCHEDULE_DELAY="100",
+            # only our instrumentor: the span must be ours, not an enriched openai-v2 one
+            OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="openai",
+        )
+        proc = await asyncio.create_subprocess_exec(
+            instrument,
+            sys.executable,
+            str(APP),
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()
+        told = json.loads(out.decode().strip().splitlines()[-1])
+
+        wanted = {"spec_decode.acceptance_length", "spec_decode.verify_steps"}
+        assert await wait_for(
+            lambda: (
+                len([s for s in spans if s.name == "chat spec-sim"]) >= 2
+                and wanted <= {m.name for m in metrics}
+            ),
+            15,
+        ), ([s.name for s in spans], sorted({m.name for m in metrics}))
+        for task in collectors:
+            task.cancel()
+
+    calls = [s for s in spans if s.name == "chat spec-sim"]
+    assert len(calls) == 2  # one per call: the JSON one, then the stream
+    stats = told["stats"]
+    for span in calls:
+        attrs = attrs_of(span)
+        assert span.kind == span.SPAN_KIND_CLIENT
+        assert attrs["gen_ai.operation.name"] == "chat"
+        assert attrs["spec_decode.engine"] == "vllm"
+        # both calls were seeded alike: the server's own numbers, unchanged
+        assert attrs["spec_decode.num_spec_steps"] == stats["num_spec_steps"]
+        assert attrs["spec_decode.num_draft_tokens"] == stats["num_draft_tokens"]
+        assert attrs["spec_decode.acceptance_histogram"] == stats["acceptance_histogram"]
+        assert attrs["spec_decode.mean_acceptance_length"] == stats["mean_acceptance_length"]
+
+    def last(name: str) -> Any:
+        return [m for m in metrics if m.name == name][-1]
+
+    length = last("spec_decode.acceptance_length")
+    assert length.unit == "{token}"
+    (point,) = length.histogram.data_points
+    assert point.count == 2
+    assert point.sum == 2 * stats["mean_acceptance_length"]
+    assert attrs_of(point)["spec_decode.engine"] == "vllm"
+    verify = last("spec_decode.verify_steps")
+    assert verify.sum.is_monotonic
+    by_accepted = {attrs_of(p)["spec_decode.accepted"]: p.as_int for p in verify.sum.data_points}
+    expected = {j: 2 * c for j, c in enumerate(stats["acceptance_histogram"]) if c}
+    assert by_accepted == expected
+
+
+def test_setup_without_an_endpoint_runs_and_exports_nothing(simulator_url: str) -> None:
+    script = """
+import json, os
+import openai
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+import spec_decode_otel
+
+reader = InMemoryMetricReader()
+built = spec_decode_otel.setup("setup-test", metric_readers=[reader])
+client = openai.OpenAI(base_url=os.environ["SIMULATOR_URL"], api_key="sk-test", max_retries=0)
+client.chat.completions.create(model="spec-sim", messages=[{"role": "user", "content": "hi"}])
+client.close()
+names = sorted(
+    m.name
+    for rm in reader.get_metrics_data().resource_metrics
+    for sm in rm.scope_metrics
+    for m in sm.metrics
+)
+print(json.dumps({
+    "exporting": built.exporting,
+    "span_processors": len(built.tracer_provider._active_span_processor._span_processors),
+    "readers": len(built.meter_provider._all_metric_readers),
+    "service": built.tracer_provider.resource.attributes.get("service.name"),
+    "metrics": names,
+}))
+"""
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env=clean_env(SIMULATOR_URL=simulator_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""  # no exporter errors, no warnings
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["exporting"] is False
+    assert report["span_processors"] == 0  # no exporter was attached
+    assert report["readers"] == 1  # only the caller's own reader
+    assert report["service"] == "setup-test"
+    # the instrumentation still ran: its data is there for an in-process reader
+    assert "spec_decode.acceptance_length" in report["metrics"]
+    assert time.monotonic() - started < 30  # exit did not wait on a collector

@@ -22,6 +22,7 @@ from instrumentation_helpers import (
     call_async,
     call_sync,
     dumps_without_volatile,
+    raw_payload,
     request_kwargs,
     spec_decode_attributes,
 )
@@ -337,3 +338,50 @@ def test_request_engine_stats_adds_the_sglang_field_without_overriding(
     call_sync(client, "completions", streamed)
     assert log.last[1]["return_spec_tokens_details"] is True
     assert otel.only_span().attributes["spec_decode.engine"] == "sglang"
+
+
+def test_one_span_per_logical_call_across_retries(otel: Otel, simulator_url: str) -> None:
+    log = WireLog()
+    client = openai.OpenAI(
+        api_key="sk-test",
+        base_url=simulator_url,
+        max_retries=1,  # the simulator's 429 says retry-after: 1
+        http_client=httpx.Client(event_hooks={"request": [log.hook]}),
+    )
+    otel.instrument()
+    kwargs = request_kwargs("vllm", "chat", False, 110)
+    kwargs["extra_headers"]["x-sim-fault"] = "http-429"
+    try:
+        with pytest.raises(openai.RateLimitError):
+            call_sync(client, "chat", kwargs)
+    finally:
+        client.close()
+    assert len(log.requests) == 2  # the SDK did retry
+    span = otel.only_span()
+    assert span.attributes["error.type"] == "RateLimitError"
+    (duration,) = otel.points(otel.metrics(), "gen_ai.client.operation.duration")
+    assert duration.count == 1 and duration.sum >= 0.5  # the whole call, retry included
+
+
+def test_per_step_arrays_only_on_request_and_under_the_cap(
+    otel: Otel, openai_client: Any, simulator_url: str
+) -> None:
+    kwargs = request_kwargs("vllm", "chat", False, 111)
+    otel.instrument()
+    call_sync(openai_client, "chat", kwargs)
+    assert "spec_decode.per_step_accepted" not in otel.only_span().attributes
+
+    otel.clear()
+    otel.instrument(record_per_step=True)
+    call_sync(openai_client, "chat", kwargs)
+    stats = raw_payload(simulator_url, "chat", kwargs)["metrics"]["speculative_decoding"]
+    attrs = otel.only_span().attributes
+    assert list(attrs["spec_decode.per_step_accepted"]) == stats["per_step_accepted"]
+    assert list(attrs["spec_decode.per_step_drafted"]) == stats["per_step_drafted"]
+
+    otel.clear()
+    otel.instrument(record_per_step=True, per_step_max_length=len(stats["per_step_accepted"]) - 1)
+    call_sync(openai_client, "chat", kwargs)
+    attrs = otel.only_span().attributes
+    assert "spec_decode.per_step_accepted" not in attrs
+    assert attrs["spec_decode.num_spec_steps"] == stats["num_spec_steps"]

@@ -1,0 +1,325 @@
+"""Replaying recorded simulator bodies into the real ``openai`` SDK, in process.
+
+The SDK's transport is swapped for ``httpx2.MockTransport`` answering every request with
+a body recorded from the simulator (``record_payloads.py``), so no socket, server or
+event loop is involved: what a benchmark times is the client's own CPU work — the SDK's
+request building and response parsing plus whatever instrumentation wraps it.
+
+Also here: the real OpenTelemetry SDK providers every instrumented configuration uses
+(spans go through a ``BatchSpanProcessor`` to an exporter that drops them; metrics are
+aggregated by a ``MeterProvider`` whose reader is never collected during timing), and
+the configurations the overhead benchmark compares.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).resolve().parent / "data"
+
+MESSAGES = [{"role": "user", "content": "Summarise speculative decoding in two paragraphs."}]
+
+#: name → (label, description). A is the baseline every overhead is measured against.
+CONFIGS: dict[str, tuple[str, str]] = {
+    "A": ("bare SDK", "openai SDK, no instrumentation"),
+    "B": ("ours (full)", "spec_decode_otel: own span + attributes + all metrics"),
+    "C": ("ours enrich + openai-v2", "openai-v2 span, spec_decode_otel enriching it"),
+    "D": ("openai-v2", "opentelemetry-instrumentation-openai-v2 alone"),
+    "E": ("floor", "SDK call + one bare span (same attribute count) + same metric records"),
+}
+
+
+@dataclass(frozen=True)
+class Payloads:
+    nonstream: bytes
+    nonstream_type: str
+    stream: bytes
+    stream_type: str
+    stream_chunks: int
+    stream_content_chunks: int
+    model: str
+
+
+def load_payloads(data: Path = DATA) -> Payloads:
+    manifest = json.loads((data / "manifest.json").read_text())
+    ns, st = manifest["nonstream"], manifest["stream"]
+    return Payloads(
+        nonstream=(data / ns["file"]).read_bytes(),
+        nonstream_type=ns["content_type"],
+        stream=(data / st["file"]).read_bytes(),
+        stream_type=st["content_type"],
+        stream_chunks=st["chunks"],
+        stream_content_chunks=st["content_chunks"],
+        model=manifest["model"],
+    )
+
+
+def replay_client(body: bytes, content_type: str) -> Any:
+    """An ``openai.OpenAI`` whose every request is answered with ``body`` in process."""
+    import httpx2
+    import openai
+
+    headers = {"content-type": content_type}
+
+    def handler(request: Any) -> Any:
+        return httpx2.Response(200, headers=headers, content=body)
+
+    return openai.OpenAI(
+        base_url="http://127.0.0.1:8000/v1",
+        api_key="sk-bench",
+        max_retries=0,
+        http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
+    )
+
+
+class Calls:
+    """The two calls every configuration times, on two replaying clients."""
+
+    def __init__(self, payloads: Payloads) -> None:
+        self.payloads = payloads
+        self.model = payloads.model
+        self.nonstream_client = replay_client(payloads.nonstream, payloads.nonstream_type)
+        self.stream_client = replay_client(payloads.stream, payloads.stream_type)
+
+    def nonstream(self) -> Any:
+        return self.nonstream_client.chat.completions.create(
+            model=self.model, messages=MESSAGES, max_tokens=256
+        )
+
+    def stream(self) -> int:
+        n = 0
+        for _chunk in self.stream_client.chat.completions.create(
+            model=self.model,
+            messages=MESSAGES,
+            max_tokens=512,
+            stream=True,
+            stream_options={"include_usage": True},
+        ):
+            n += 1
+        return n
+
+
+# -- real OpenTelemetry SDK providers that drop what they produce -------------------------
+
+
+class DroppingSpanExporter:
+    """A SpanExporter that keeps nothing but a count (and the last span's shape)."""
+
+    def __init__(self) -> None:
+        self.exported = 0
+        self.last_attribute_count = 0
+        self.last_scope = ""
+
+    def export(self, spans: Sequence[Any]) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        if spans:
+            self.exported += len(spans)
+            last = spans[-1]
+            self.last_attribute_count = len(last.attributes or {})
+            self.last_scope = last.instrumentation_scope.name
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+
+class Providers:
+    """TracerProvider (BatchSpanProcessor → dropping exporter), MeterProvider (a reader
+    that is never collected while timing), LoggerProvider (batch → dropping exporter)."""
+
+    def __init__(self) -> None:
+        from opentelemetry.sdk._logs import LoggerProvider
+        from opentelemetry.sdk._logs.export import (
+            BatchLogRecordProcessor,
+            LogRecordExporter,
+            LogRecordExportResult,
+        )
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        class DroppingLogExporter(LogRecordExporter):  # type: ignore[misc]
+            def export(self, batch: Any) -> Any:
+                return LogRecordExportResult.SUCCESS
+
+            def shutdown(self) -> None:
+                pass
+
+            def force_flush(self, timeout_millis: int = 30_000) -> bool:
+                return True
+
+        self.span_exporter = DroppingSpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(BatchSpanProcessor(self.span_exporter))
+        self.metric_reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.metric_reader])
+        self.logger_provider = LoggerProvider()
+        self.logger_provider.add_log_record_processor(
+            BatchLogRecordProcessor(DroppingLogExporter())
+        )
+
+    def flush(self) -> None:
+        self.tracer_provider.force_flush()
+        self.logger_provider.force_flush()
+
+    def histogram_records(self) -> int:
+        """Synchronous histogram records so far (sum of every data point's count)."""
+        total = 0
+        data = self.metric_reader.get_metrics_data()
+        for rm in data.resource_metrics if data else ():
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    for point in metric.data.data_points:
+                        total += getattr(point, "count", 0) or 0
+        return total
+
+
+# -- the configurations ------------------------------------------------------------------
+
+
+def instrument_ours(providers: Providers, **settings: Any) -> None:
+    import spec_decode_otel
+
+    spec_decode_otel.instrument(
+        tracer_provider=providers.tracer_provider,
+        meter_provider=providers.meter_provider,
+        **settings,
+    )
+
+
+def instrument_openai_v2(providers: Providers) -> None:
+    from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+
+    OpenAIInstrumentor().instrument(
+        tracer_provider=providers.tracer_provider,
+        meter_provider=providers.meter_provider,
+        logger_provider=providers.logger_provider,
+    )
+
+
+class Floor:
+    """Config E: the SDK call plus exactly the OTel work our wrapper ends up doing —
+    one span started and ended with the same number of attributes, and the same number
+    of synchronous histogram records with attribute sets of the same sizes, recorded
+    with the span's context — and nothing else: no wrapping, no parsing, no detection."""
+
+    def __init__(self, providers: Providers, calls: Calls) -> None:
+        from opentelemetry import trace
+        from opentelemetry.trace import SpanKind
+
+        from spec_decode_otel import telemetry as t
+
+        self.calls = calls
+        self._set_span_in_context = trace.set_span_in_context
+        self._kind = SpanKind.CLIENT
+        meter = providers.meter_provider.get_meter("bench.floor")
+        self.tracer = providers.tracer_provider.get_tracer("bench.floor")
+        self.h_len = meter.create_histogram(t.M_ACCEPTANCE_LENGTH, unit="{token}")
+        self.h_rate = meter.create_histogram(t.M_DRAFT_ACCEPTANCE_RATE, unit="1")
+        self.h_dur = meter.create_histogram(t.M_OPERATION_DURATION, unit="s")
+        self.h_tok = meter.create_histogram(t.M_TOKEN_USAGE, unit="{token}")
+        self.h_ttfc = meter.create_histogram(t.M_TIME_TO_FIRST_CHUNK, unit="s")
+        model = calls.model
+        self.name = f"chat {model}"
+        self.start_attrs = {
+            t.GEN_AI_OPERATION_NAME: "chat",
+            t.GEN_AI_PROVIDER_NAME: "openai",
+            t.GEN_AI_REQUEST_MODEL: model,
+            t.SERVER_ADDRESS: "127.0.0.1",
+            t.SERVER_PORT: 8000,
+        }
+        self.end_attrs = {
+            t.GEN_AI_RESPONSE_MODEL: model,
+            t.GEN_AI_USAGE_INPUT_TOKENS: 11,
+            t.GEN_AI_USAGE_OUTPUT_TOKENS: 256,
+            t.GEN_AI_RESPONSE_FINISH_REASONS: ["length"],
+            t.SD_ENGINE: "vllm",
+            t.SD_MEAN_ACCEPTANCE_LENGTH: 2.84,
+            t.SD_DRAFT_ACCEPTANCE_RATE: 0.46,
+            t.SD_NUM_SPEC_STEPS: 90,
+            t.SD_NUM_ACCEPTED_DRAFT_TOKENS: 166,
+            t.SD_NUM_DRAFT_TOKENS: 360,
+            t.SD_NUM_SPEC_TOKENS: 4,
+            t.SD_ACCEPTANCE_HISTOGRAM: [25, 17, 13, 12, 23],
+        }
+        base = {
+            t.GEN_AI_OPERATION_NAME: "chat",
+            t.GEN_AI_PROVIDER_NAME: "openai",
+            t.GEN_AI_REQUEST_MODEL: model,
+            t.SERVER_ADDRESS: "127.0.0.1",
+            t.SERVER_PORT: 8000,
+            t.GEN_AI_RESPONSE_MODEL: model,
+        }
+        self.m_genai = base
+        self.m_sd = {**base, t.SD_ENGINE: "vllm", t.SD_NUM_SPEC_TOKENS: 4}
+        self.m_in = {**base, t.GEN_AI_TOKEN_TYPE: "input"}
+        self.m_out = {**base, t.GEN_AI_TOKEN_TYPE: "output"}
+
+    def _finish(self, span: Any, started: float, first_at: float | None) -> None:
+        end = time.perf_counter()
+        span.set_attributes(self.end_attrs)
+        ctx = self._set_span_in_context(span)
+        self.h_len.record(2.84, self.m_sd, context=ctx)
+        self.h_rate.record(0.46, self.m_sd, context=ctx)
+        self.h_dur.record(end - started, self.m_genai, context=ctx)
+        if first_at is not None:
+            self.h_ttfc.record(first_at - started, self.m_genai, context=ctx)
+        self.h_tok.record(11, self.m_in, context=ctx)
+        self.h_tok.record(256, self.m_out, context=ctx)
+        span.end()
+
+    def nonstream(self) -> Any:
+        span = self.tracer.start_span(self.name, kind=self._kind, attributes=self.start_attrs)
+        started = time.perf_counter()
+        result = self.calls.nonstream()
+        self._finish(span, started, None)
+        return result
+
+    def stream(self) -> int:
+        span = self.tracer.start_span(self.name, kind=self._kind, attributes=self.start_attrs)
+        started = time.perf_counter()
+        first_at = None
+        n = 0
+        for _chunk in self.calls.stream_client.chat.completions.create(
+            model=self.calls.model,
+            messages=MESSAGES,
+            max_tokens=512,
+            stream=True,
+            stream_options={"include_usage": True},
+        ):
+            if first_at is None:
+                first_at = time.perf_counter()
+            n += 1
+        self._finish(span, started, first_at)
+        return n
+
+
+def setup_config(name: str, payloads: Payloads) -> tuple[Callable[[], Any], Callable[[], Any], Any]:
+    """(nonstream call, stream call, providers or None) for configuration ``name``."""
+    calls = Calls(payloads)
+    if name == "A":
+        return calls.nonstream, calls.stream, None
+    providers = Providers()
+    if name == "B":
+        instrument_ours(providers)
+    elif name == "C":
+        instrument_openai_v2(providers)
+        instrument_ours(providers, mode="auto")
+    elif name == "D":
+        instrument_openai_v2(providers)
+    elif name == "E":
+        floor = Floor(providers, calls)
+        return floor.nonstream, floor.stream, providers
+    else:
+        raise ValueError(f"unknown configuration {name!r}")
+    return calls.nonstream, calls.stream, providers

@@ -1,0 +1,128 @@
+"""One benchmark configuration in its own long-lived process, driven over stdin/stdout.
+
+Instrumentors wrap ``openai`` classes process-wide, so each configuration lives in its
+own process; the parent (``overhead.py``) tells one worker at a time to run a batch, so
+batches of different configurations interleave in time while never running together.
+Each worker measures its own process CPU time (``time.process_time_ns``: every thread of
+the process, so the span processor's export thread counts too).
+
+Protocol: one JSON object per line each way. Requests: ``{"op": "batch", "kind":
+"nonstream"|"stream", "n": N}``, ``{"op": "describe"}``, ``{"op": "memory", "n": N,
+"warmup": W, "method": "rss"|"tracemalloc"}``, ``{"op": "quit"}``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _replay import load_payloads, setup_config
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Worker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.payloads = load_payloads()
+        self.nonstream, self.stream, self.providers = setup_config(name, self.payloads)
+
+    def batch(self, kind: str, n: int) -> dict[str, Any]:
+        call = self.nonstream if kind == "nonstream" else self.stream
+        process_time_ns = time.process_time_ns
+        perf_counter_ns = time.perf_counter_ns
+        w0 = perf_counter_ns()
+        c0 = process_time_ns()
+        for _ in range(n):
+            call()
+        c1 = process_time_ns()
+        w1 = perf_counter_ns()
+        return {"cpu_ns": (c1 - c0) / n, "wall_ns": (w1 - w0) / n}
+
+    def describe(self) -> dict[str, Any]:
+        """Spans, span attributes and synchronous histogram records per call, by kind."""
+        out: dict[str, Any] = {"config": self.name}
+        chunks = self.stream()
+        out["stream_chunks_seen"] = chunks
+        p = self.providers
+        if p is None:
+            return out
+        for kind, call in (("nonstream", self.nonstream), ("stream", self.stream)):
+            p.flush()
+            spans0, records0 = p.span_exporter.exported, p.histogram_records()
+            call()
+            p.flush()
+            out[kind] = {
+                "spans": p.span_exporter.exported - spans0,
+                "span_attributes": p.span_exporter.last_attribute_count,
+                "span_scope": p.span_exporter.last_scope,
+                "histogram_records": p.histogram_records() - records0,
+            }
+        return out
+
+    def memory(self, n: int, warmup: int, method: str) -> dict[str, Any]:
+        """Growth over ``n`` non-streaming calls after ``warmup`` calls, collected and
+        flushed before each reading."""
+        call = self.nonstream
+        for _ in range(warmup):
+            call()
+        self._settle()
+        if method == "tracemalloc":
+            tracemalloc.start()
+            before = tracemalloc.get_traced_memory()[0]
+            for _ in range(n):
+                call()
+            self._settle()
+            after = tracemalloc.get_traced_memory()[0]
+            tracemalloc.stop()
+        else:
+            before = _rss_bytes()
+            for _ in range(n):
+                call()
+            self._settle()
+            after = _rss_bytes()
+        return {"method": method, "calls": n, "growth_bytes": after - before}
+
+    def _settle(self) -> None:
+        if self.providers is not None:
+            self.providers.flush()
+        gc.collect()
+
+
+def main() -> int:
+    name = sys.argv[1]
+    worker = Worker(name)
+    out = sys.stdout
+    out.write(json.dumps({"ready": name, "pid": os.getpid()}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        request = json.loads(line)
+        op = request["op"]
+        if op == "quit":
+            break
+        if op == "batch":
+            reply = worker.batch(request["kind"], request["n"])
+        elif op == "describe":
+            reply = worker.describe()
+        elif op == "memory":
+            reply = worker.memory(request["n"], request["warmup"], request["method"])
+        else:
+            reply = {"error": f"unknown op {op!r}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,404 @@
+"""Client CPU overhead of spec_decode_otel against the bare SDK, openai-v2 and a floor.
+
+Usage (from the repository root)::
+
+    python benchmarks/overhead.py [--quick] [--json FILE] [--png FILE]
+
+The real ``openai`` SDK is fed by an in-process transport replaying bodies recorded from
+the project's simulator (``benchmarks/data/``, made by ``record_payloads.py``: vLLM
+merged shape, level detailed, k=4; a non-streaming chat completion and a 103-chunk
+stream — role chunk, 100 content chunks, finish chunk, usage chunk with the stats), so
+neither network nor server time is in the figures: only client CPU.
+
+Configurations, each in its own long-lived worker process (``_worker.py``; instrumentors
+wrap classes process-wide), all with real OTel SDK providers — spans through a
+``BatchSpanProcessor`` to an exporter that drops them, metrics aggregated by a
+``MeterProvider`` whose reader is never collected during timing:
+
+  A  bare SDK;
+  B  ours, full: own span, attributes, spec-decode and GenAI metrics (default settings);
+  C  ours in ``auto`` mode under opentelemetry-instrumentation-openai-v2 (enriching its span);
+  D  opentelemetry-instrumentation-openai-v2 alone (also given a real LoggerProvider);
+  E  the floor: the same SDK call plus one bare span carrying our attribute count and
+     the same number of synchronous histogram records B makes; no wrapping logic.
+
+The parent drives one worker at a time, rotating the order every round, so batches of
+all configurations interleave in time; each worker reports the process CPU time
+(``time.process_time_ns``) of its batch divided by the calls in it. Overheads are
+medians over rounds of the paired difference (X - A in the same round).
+
+Figures:
+
+  overhead_vs_openai_v2      (B - A) / (D - A), non-streaming
+  overhead_vs_floor          (B - A) / (E - A), non-streaming
+  stream_us_per_chunk        ((B - A) on the stream - (B - A) non-streaming) / chunks:
+                             the extra CPU per chunk, with the per-call part (span,
+                             detection, metrics) taken out; chunks = every chunk the SDK
+                             yields (103)
+  parse_us_10k_steps         from benchmarks/parse_bench.py
+  rss_growth_mb_100k_calls   RSS growth of config B over 100,000 non-streaming calls
+                             (after warm-up, flushed and collected before each reading);
+                             --quick: tracemalloc growth over fewer calls, scaled to 100k
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _replay import CONFIGS, load_payloads  # noqa: E402
+
+DEFAULT_PNG = HERE / "out" / "overhead.png"
+ORDER = ("A", "B", "C", "D", "E")
+TARGETS = {
+    "overhead_vs_openai_v2": 0.5,
+    "overhead_vs_floor": 1.5,
+    "stream_us_per_chunk": 1.0,
+    "parse_us_10k_steps": 1000.0,
+    "rss_growth_mb_100k_calls": 5.0,
+}
+MEMORY_CALLS = 100_000
+
+
+@dataclass(frozen=True)
+class Plan:
+    rounds: int
+    nonstream_batch: int
+    stream_batch: int
+    warmup_batches: int
+    memory_method: str
+    memory_calls: int
+    memory_warmup: int
+
+
+FULL = Plan(40, 300, 15, 2, "rss", MEMORY_CALLS, 2000)
+QUICK = Plan(8, 80, 3, 1, "tracemalloc", 1500, 300)
+
+
+class WorkerProcess:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "_worker.py"), name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+
+    def wait_ready(self) -> None:
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise SystemExit(f"worker {self.name} failed to start")
+        json.loads(line)
+
+    def send(self, request: dict[str, Any]) -> None:
+        self.proc.stdin.write(json.dumps(request) + "\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+
+    def receive(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise SystemExit(f"worker {self.name} died")
+        return json.loads(line)
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.send(request)
+        return self.receive()
+
+    def close(self) -> None:
+        try:
+            self.send({"op": "quit"})
+            self.proc.stdin.close()  # type: ignore[union-attr]
+            self.proc.wait(timeout=30)
+        except Exception:
+            self.proc.kill()
+
+
+def start_workers(names: tuple[str, ...]) -> dict[str, WorkerProcess]:
+    workers = {name: WorkerProcess(name) for name in names}
+    for worker in workers.values():
+        worker.wait_ready()
+    return workers
+
+
+def run_timing(plan: Plan, log: Any) -> tuple[dict[str, dict[str, list[float]]], dict[str, Any]]:
+    """CPU µs per call, per configuration and kind, one entry per round."""
+    workers = start_workers(ORDER)
+    try:
+        described = {name: w.ask({"op": "describe"}) for name, w in workers.items()}
+        sizes = {"nonstream": plan.nonstream_batch, "stream": plan.stream_batch}
+        for _ in range(plan.warmup_batches):
+            for w in workers.values():
+                for kind, n in sizes.items():
+                    w.ask({"op": "batch", "kind": kind, "n": n})
+        samples: dict[str, dict[str, list[float]]] = {
+            name: {"nonstream": [], "stream": []} for name in ORDER
+        }
+        for r in range(plan.rounds):
+            order = ORDER[r % len(ORDER) :] + ORDER[: r % len(ORDER)]
+            if r % 2:
+                order = order[::-1]
+            for kind, n in sizes.items():
+                for name in order:
+                    reply = workers[name].ask({"op": "batch", "kind": kind, "n": n})
+                    samples[name][kind].append(reply["cpu_ns"] / 1000.0)
+            if log and (r + 1) % max(1, plan.rounds // 4) == 0:
+                print(f"  timing: round {r + 1}/{plan.rounds}", file=log, flush=True)
+    finally:
+        for w in workers.values():
+            w.close()
+    return samples, described
+
+
+def run_memory(plan: Plan) -> dict[str, dict[str, Any]]:
+    """Growth over ``plan.memory_calls`` non-streaming calls for A and B (in parallel)."""
+    workers = start_workers(("A", "B"))
+    try:
+        for w in workers.values():
+            w.send(
+                {
+                    "op": "memory",
+                    "n": plan.memory_calls,
+                    "warmup": plan.memory_warmup,
+                    "method": plan.memory_method,
+                }
+            )
+        return {name: w.receive() for name, w in workers.items()}
+    finally:
+        for w in workers.values():
+            w.close()
+
+
+def parse_figure() -> float | None:
+    try:
+        from parse_bench import measure_parse_us_10k_steps  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return float(measure_parse_us_10k_steps())
+
+
+def _pkg(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def summarise(
+    samples: dict[str, dict[str, list[float]]], chunks: int
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """Medians per config/kind, and paired overheads (median over rounds of X - A)."""
+    med = {n: {k: statistics.median(v) for k, v in kinds.items()} for n, kinds in samples.items()}
+    over: dict[str, dict[str, float]] = {}
+    for name in ORDER[1:]:
+        over[name] = {}
+        for kind in ("nonstream", "stream"):
+            diffs = [x - a for x, a in zip(samples[name][kind], samples["A"][kind], strict=True)]
+            over[name][kind] = statistics.median(diffs)
+        over[name]["per_chunk"] = (over[name]["stream"] - over[name]["nonstream"]) / chunks
+    return med, over
+
+
+def render_table(
+    med: dict[str, dict[str, float]],
+    over: dict[str, dict[str, float]],
+    described: dict[str, Any],
+    chunks: int,
+) -> str:
+    head = (
+        f"{'config':<28}{'µs/call':>10}{'+µs':>9}{'stream µs/call':>16}{'+µs':>9}"
+        f"{'µs/chunk':>10}{'+µs/chunk':>11}{'spans':>7}{'attrs':>7}{'records':>9}"
+    )
+    lines = [head, "-" * len(head)]
+    for name in ORDER:
+        label = f"{name} {CONFIGS[name][0]}"
+        o = over.get(name)
+        d = described.get(name, {}).get("nonstream", {})
+        ds = described.get(name, {}).get("stream", {})
+        lines.append(
+            f"{label:<28}{med[name]['nonstream']:>10.1f}"
+            f"{(o['nonstream'] if o else 0.0):>+9.1f}"
+            f"{med[name]['stream']:>16.1f}{(o['stream'] if o else 0.0):>+9.1f}"
+            f"{med[name]['stream'] / chunks:>10.2f}{(o['per_chunk'] if o else 0.0):>+11.2f}"
+            f"{d.get('spans', 0):>7}{d.get('span_attributes', 0):>7}"
+            f"{str(d.get('histogram_records', 0)) + '/' + str(ds.get('histogram_records', 0)):>9}"
+        )
+    return "\n".join(lines)
+
+
+def write_png(path: Path, over: dict[str, dict[str, float]], med: dict[str, Any], quick: bool):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(ORDER[1:])
+    labels = [f"{n}\n{CONFIGS[n][0]}" for n in names]
+    colors = ["#d62728" if n in ("B", "C") else "#7f7f7f" for n in names]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    vals = [over[n]["nonstream"] for n in names]
+    ax1.bar(labels, vals, color=colors)
+    ax1.set_ylabel("extra client CPU per call (µs)")
+    ax1.set_title(f"Non-streaming call (bare SDK: {med['A']['nonstream']:.0f} µs)")
+    for i, v in enumerate(vals):
+        ax1.annotate(f"{v:.0f}", (i, v), ha="center", va="bottom", fontsize=9)
+    vals2 = [over[n]["per_chunk"] for n in names]
+    ax2.bar(labels, vals2, color=colors)
+    ax2.axhline(0, color="black", linewidth=0.6)
+    ax2.set_ylabel("extra client CPU per chunk (µs)")
+    ax2.set_title("Streaming, per chunk (per-call part subtracted)")
+    for i, v in enumerate(vals2):
+        ax2.annotate(f"{v:.2f}", (i, v), ha="center", va="bottom", fontsize=9)
+    fig.suptitle(
+        "spec_decode_otel client overhead vs. bare openai SDK"
+        + (" (--quick)" if quick else "")
+        + "; in-process replay, CPU time, medians"
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke-test size (< 60 s)")
+    parser.add_argument("--json", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--png", type=Path, default=DEFAULT_PNG, help="bar chart path")
+    parser.add_argument("--rounds", type=int, help="override the number of timing rounds")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory run")
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    if args.rounds:
+        plan = Plan(**{**plan.__dict__, "rounds": args.rounds})
+    payloads = load_payloads()
+    chunks = payloads.stream_chunks
+    t0 = time.monotonic()
+    log = sys.stderr
+    print(
+        f"timing {len(ORDER)} configurations, {plan.rounds} interleaved rounds "
+        f"({plan.nonstream_batch} non-streaming calls, {plan.stream_batch} streams "
+        "per batch)",
+        file=log,
+        flush=True,
+    )
+    samples, described = run_timing(plan, log)
+    med, over = summarise(samples, chunks)
+
+    memory: dict[str, Any] = {}
+    rss_growth = None
+    if not args.no_memory:
+        print(
+            f"memory: {plan.memory_calls} non-streaming calls ({plan.memory_method})",
+            file=log,
+            flush=True,
+        )
+        memory = run_memory(plan)
+        scale = MEMORY_CALLS / plan.memory_calls
+        for result in memory.values():
+            result["growth_mb_100k_calls"] = result["growth_bytes"] * scale / 2**20
+        rss_growth = memory["B"]["growth_mb_100k_calls"]
+    print("parse: benchmarks/parse_bench.py", file=log, flush=True)
+    parse_us = parse_figure()
+
+    b, d, e = over["B"], over["D"], over["E"]
+    figures = {
+        "overhead_vs_openai_v2": b["nonstream"] / d["nonstream"] if d["nonstream"] else None,
+        "overhead_vs_floor": b["nonstream"] / e["nonstream"] if e["nonstream"] else None,
+        "stream_us_per_chunk": b["per_chunk"],
+        "parse_us_10k_steps": parse_us,
+        "rss_growth_mb_100k_calls": rss_growth,
+    }
+
+    print()
+    print(
+        "Client CPU per call, median of interleaved batches (µs); '+' columns are the "
+        "median paired difference against A"
+    )
+    print(render_table(med, over, described, chunks))
+    print(
+        f"stream = {chunks} chunks ({payloads.stream_content_chunks} content); "
+        "+µs/chunk = (stream +µs - non-stream +µs) / chunks; "
+        "records = synchronous histogram records per non-streaming/streaming call"
+    )
+    if memory:
+        how = (
+            "RSS"
+            if plan.memory_method == "rss"
+            else f"tracemalloc over {plan.memory_calls} calls, scaled to {MEMORY_CALLS}"
+        )
+        for name, result in memory.items():
+            print(
+                f"memory {name} {CONFIGS[name][0]}: {result['growth_mb_100k_calls']:+.2f} MB "
+                f"per {MEMORY_CALLS} non-streaming calls ({how})"
+            )
+    print()
+    for key, value in figures.items():
+        shown = "n/a" if value is None else f"{value:.3f}"
+        print(f"{key}: {shown}")
+    print()
+    for key, value in figures.items():
+        verdict = "not measured" if value is None else "met" if value <= TARGETS[key] else "MISSED"
+        print(f"  target {key} <= {TARGETS[key]:g}: {verdict}")
+    print(f"(took {time.monotonic() - t0:.0f} s)")
+
+    result = {
+        "figures": figures,
+        "targets": TARGETS,
+        "definitions": {
+            "overhead_vs_openai_v2": "(B-A)/(D-A), non-streaming, paired medians",
+            "overhead_vs_floor": "(B-A)/(E-A), non-streaming, paired medians",
+            "stream_us_per_chunk": "((B-A)_stream - (B-A)_nonstream) / chunks",
+            "parse_us_10k_steps": "benchmarks/parse_bench.py",
+            "rss_growth_mb_100k_calls": (
+                "config B, RSS growth over 100k non-streaming calls"
+                if plan.memory_method == "rss"
+                else f"config B, tracemalloc growth over {plan.memory_calls} calls x "
+                f"{MEMORY_CALLS // plan.memory_calls} (extrapolated)"
+            ),
+        },
+        "configs": {n: {"label": CONFIGS[n][0], "description": CONFIGS[n][1]} for n in ORDER},
+        "median_us_per_call": med,
+        "overhead_us": over,
+        "described": described,
+        "memory": memory,
+        "samples_us": samples,
+        "plan": plan.__dict__,
+        "quick": args.quick,
+        "stream_chunks": chunks,
+        "environment": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "openai": _pkg("openai"),
+            "opentelemetry-sdk": _pkg("opentelemetry-sdk"),
+            "opentelemetry-instrumentation-openai-v2": _pkg(
+                "opentelemetry-instrumentation-openai-v2"
+            ),
+            "spec-decode-otel": _pkg("spec-decode-otel"),
+        },
+    }
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.png:
+        write_png(args.png, over, med, args.quick)
+        print(f"chart: {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,154 @@
+"""Record the response bodies ``overhead.py`` replays, from the project's own simulator.
+
+Run from the repository root::
+
+    python benchmarks/record_payloads.py
+
+It starts the simulator (vLLM merged shape, level ``detailed``, k=4) on a loopback port
+and records, byte for byte, what it answers to two chat requests:
+
+- ``benchmarks/data/chat_nonstream.json``: one non-streaming chat completion;
+- ``benchmarks/data/chat_stream.sse``: one streaming chat completion with exactly
+  ``STREAM_CONTENT_CHUNKS`` content chunks (the simulator sends one per verify step), plus
+  the role chunk, the finish_reason chunk and the usage chunk that carries the stats
+  (``stream_options.include_usage``), then ``[DONE]``;
+- ``benchmarks/data/manifest.json``: how they were made, and their chunk counts.
+
+The seed is fixed per request (``x-sim-seed``), so re-recording reproduces the files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer
+
+DATA = Path(__file__).resolve().parent / "data"
+MODEL = "spec-sim"
+K = 4
+ALPHA = 0.7
+SEED = 7
+STREAM_CONTENT_CHUNKS = 100
+NONSTREAM_MAX_TOKENS = 256
+MESSAGES = [{"role": "user", "content": "Summarise speculative decoding in two paragraphs."}]
+
+
+def _post(base_url: str, body: dict[str, Any], seed: int) -> tuple[bytes, dict[str, str]]:
+    request = urllib.request.Request(
+        base_url.rstrip("/") + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json", "x-sim-seed": str(seed)},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:  # loopback only
+        return response.read(), {k.lower(): v for k, v in response.headers.items()}
+
+
+def sse_chunks(body: bytes) -> list[dict[str, Any]]:
+    """The JSON chunks of an SSE body (``[DONE]`` excluded)."""
+    chunks = []
+    for event in body.decode().split("\n\n"):
+        event = event.strip()
+        if event.startswith("data: ") and event != "data: [DONE]":
+            chunks.append(json.loads(event[len("data: ") :]))
+    return chunks
+
+
+def content_chunks(chunks: list[dict[str, Any]]) -> int:
+    return sum(
+        1
+        for c in chunks
+        if c.get("choices") and (c["choices"][0].get("delta") or {}).get("content")
+    )
+
+
+def record(out: Path) -> dict[str, Any]:
+    config = SimulatorConfig(
+        engine="vllm", level="detailed", k=K, alpha=ALPHA, seed=SEED, max_length=4096
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    with SimulatorServer(config) as sim:
+        base = sim.base_url
+        body, headers = _post(
+            base,
+            {"model": MODEL, "messages": MESSAGES, "max_tokens": NONSTREAM_MAX_TOKENS},
+            SEED,
+        )
+        nonstream = json.loads(body)
+        stats = nonstream["metrics"]["speculative_decoding"]
+        (out / "chat_nonstream.json").write_bytes(body)
+        nonstream_meta = {
+            "file": "chat_nonstream.json",
+            "content_type": headers.get("content-type", "application/json"),
+            "bytes": len(body),
+            "max_tokens": NONSTREAM_MAX_TOKENS,
+            "completion_tokens": nonstream["usage"]["completion_tokens"],
+            "num_spec_steps": stats["num_spec_steps"],
+        }
+
+        # One content chunk per verify step: find the max_tokens that yields exactly
+        # STREAM_CONTENT_CHUNKS of them (tokens per step vary, so search upward).
+        stream_body = b""
+        for max_tokens in range(STREAM_CONTENT_CHUNKS, STREAM_CONTENT_CHUNKS * (K + 1) + 1):
+            stream_body, headers = _post(
+                base,
+                {
+                    "model": MODEL,
+                    "messages": MESSAGES,
+                    "max_tokens": max_tokens,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+                SEED,
+            )
+            chunks = sse_chunks(stream_body)
+            if content_chunks(chunks) == STREAM_CONTENT_CHUNKS:
+                break
+        else:  # pragma: no cover - the simulator's lengths make this unreachable
+            raise SystemExit(f"no max_tokens gave {STREAM_CONTENT_CHUNKS} content chunks")
+        (out / "chat_stream.sse").write_bytes(stream_body)
+        usage_chunk = chunks[-1]
+        stream_meta = {
+            "file": "chat_stream.sse",
+            "content_type": headers.get("content-type", "text/event-stream"),
+            "bytes": len(stream_body),
+            "max_tokens": max_tokens,
+            "chunks": len(chunks),
+            "content_chunks": STREAM_CONTENT_CHUNKS,
+            "completion_tokens": usage_chunk["usage"]["completion_tokens"],
+            "num_spec_steps": usage_chunk["metrics"]["speculative_decoding"]["num_spec_steps"],
+        }
+    manifest = {
+        "recorded_with": "benchmarks/record_payloads.py",
+        "simulator": {
+            "engine": "vllm",
+            "level": "detailed",
+            "k": K,
+            "alpha": ALPHA,
+            "seed": SEED,
+        },
+        "model": MODEL,
+        "nonstream": nonstream_meta,
+        "stream": stream_meta,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=DATA, help="output directory")
+    args = parser.parse_args(argv)
+    manifest = record(args.out)
+    json.dump(manifest, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

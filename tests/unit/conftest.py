@@ -10,9 +10,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -29,10 +27,6 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
-WIRE_EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "wire-examples"
-PAYLOADS = Path(__file__).resolve().parents[1] / "data" / "payloads"
-PLUGINS = Path(__file__).resolve().parents[1] / "data" / "plugins"
-
 
 @pytest.fixture(autouse=True)
 def _fresh_log_state():
@@ -47,13 +41,3 @@ def _fresh_log_state():
     clear()
     yield
     clear()
-
-
-@pytest.fixture
-def load_vector():
-    """Load one wire example by file stem, e.g. ``load_vector("vllm_premerge_chat")``."""
-
-    def load(stem: str) -> dict:
-        return json.loads((WIRE_EXAMPLES / f"{stem}.json").read_text(encoding="utf-8"))
-
-    return load

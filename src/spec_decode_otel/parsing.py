@@ -51,6 +51,13 @@ def parse_payloads(text: str) -> list[Any]:
     stripped = text.strip()
     if not stripped:
         raise ValueError("empty input")
+    try:
+        return _decode(stripped)
+    except RecursionError:  # json raises it for deeply nested arrays/objects
+        raise ValueError("JSON nested too deeply") from None
+
+
+def _decode(stripped: str) -> list[Any]:
     if _looks_like_sse(stripped):
         return _parse_sse(stripped)
     try:

@@ -1,0 +1,221 @@
+"""Records from saved text: JSON bodies, chunk arrays, JSON lines, raw SSE; the parse CLI."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spec_decode_otel import record_from_text
+from spec_decode_otel.cli import main as cli_main
+from spec_decode_otel.parsing import parse_payloads, run_parse_command
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+PAYLOADS = DATA / "payloads"
+STREAM = json.loads((DATA / "wire-examples" / "vllm_merged_stream_chat.json").read_text())
+CHUNKS = STREAM["chunks"]
+EXPECTED = STREAM["expected_record"]
+PREMERGE = json.loads((DATA / "wire-examples" / "vllm_premerge_chat.json").read_text())
+
+
+def sse(chunks, *, newline="\n", done=True) -> str:
+    events = [f"data: {json.dumps(c)}{newline}{newline}" for c in chunks]
+    return "".join(events) + (f"data: [DONE]{newline}{newline}" if done else "")
+
+
+def dumped(record):
+    return None if record is None else record.model_dump(mode="json")
+
+
+# ---------------------------------------------------------------- record_from_text forms
+
+
+def test_json_body_gives_its_record():
+    record = record_from_text(json.dumps(PREMERGE["response"], indent=2))
+    assert dumped(record) == PREMERGE["expected_record"]
+
+
+def test_json_array_of_chunks_gives_the_stream_record():
+    assert dumped(record_from_text(json.dumps(CHUNKS))) == EXPECTED
+
+
+def test_json_lines_of_chunks_give_the_stream_record():
+    text = "\n".join(json.dumps(c) for c in CHUNKS) + "\n\n"
+    assert dumped(record_from_text(text)) == EXPECTED
+
+
+def test_raw_sse_with_done_gives_the_stream_record():
+    assert dumped(record_from_text(sse(CHUNKS))) == EXPECTED
+
+
+def test_raw_sse_with_crlf_line_ends_gives_the_stream_record():
+    text = sse(CHUNKS, newline="\r\n")
+    assert "\r\n" in text
+    assert dumped(record_from_text(text)) == EXPECTED
+
+
+def test_sse_comment_event_id_and_retry_lines_are_ignored():
+    text = ": keep-alive\n\nretry: 100\n\n" + "".join(
+        f"id: {i}\nevent: message\ndata: {json.dumps(c)}\n: note\n\n" for i, c in enumerate(CHUNKS)
+    )
+    assert len(parse_payloads(text)) == len(CHUNKS)
+    assert dumped(record_from_text(text)) == EXPECTED
+
+
+def test_sse_event_split_over_two_data_lines_is_joined():
+    last = json.dumps(CHUNKS[-1], indent=1).split("\n")
+    split_event = "".join(f"data: {line}\n" for line in last) + "\n"
+    text = sse(CHUNKS[:-1], done=False) + split_event + "data: [DONE]\n\n"
+    payloads = parse_payloads(text)
+    assert payloads[-1] == CHUNKS[-1]
+    assert dumped(record_from_text(text)) == EXPECTED
+
+
+def test_sse_truncated_final_line_is_dropped_and_the_rest_still_counts():
+    text = sse(CHUNKS, done=False) + 'data: {"id": "chatcmpl-s1", "object": "chat.comp'
+    assert len(parse_payloads(text)) == len(CHUNKS)
+    assert dumped(record_from_text(text)) == EXPECTED
+
+
+def test_sse_data_without_space_after_the_colon_is_read():
+    text = "".join(f"data:{json.dumps(c)}\n\n" for c in CHUNKS)
+    assert dumped(record_from_text(text)) == EXPECTED
+
+
+def test_sse_whose_stats_event_was_cut_off_has_no_record():
+    text = sse(CHUNKS[:-1], done=False) + "data: " + json.dumps(CHUNKS[-1])[:-40]
+    assert record_from_text(text) is None
+
+
+def test_captured_sse_file_with_every_quirk_gives_the_stream_record():
+    raw = (PAYLOADS / "vllm_merged_stream.sse").read_bytes()
+    assert b"\r\n" in raw  # the file really has CRLF line ends
+    text = raw.decode("utf-8")
+    assert parse_payloads(text) == CHUNKS
+    assert dumped(record_from_text(text)) == EXPECTED
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "   \n\t\n", "hello world", "{not json", "data: [DONE]\n\n", ": only a comment\n"],
+    ids=["empty", "blank", "garbage", "broken-json", "sse-without-data", "sse-comment-only"],
+)
+def test_unreadable_text_raises_value_error(text):
+    with pytest.raises(ValueError):
+        record_from_text(text)
+
+
+def test_json_lines_with_one_bad_line_name_the_line():
+    with pytest.raises(ValueError, match="line 2"):
+        parse_payloads('{"a": 1}\n{"b": \n{"c": 3}\n')
+
+
+def test_deeply_nested_json_is_unreadable_not_a_crash():
+    with pytest.raises(ValueError):
+        parse_payloads("[" * 100_000)
+
+
+def test_json_that_is_not_a_response_gives_no_record():
+    assert record_from_text("42") is None
+    assert record_from_text("[1, 2, 3]") is None
+    assert record_from_text('{"choices": "nope"}') is None
+
+
+# ---------------------------------------------------------------- the parse command
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["vllm_merged_stream.sse", "vllm_merged_stream.jsonl", "vllm_merged_stream_chunks.json"],
+)
+def test_parse_command_prints_the_record_as_json(capsys, name):
+    assert run_parse_command(str(PAYLOADS / name)) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == EXPECTED
+    assert err == ""
+
+
+def test_parse_command_reads_stdin_for_dash(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(sse(CHUNKS)))
+    assert run_parse_command("-") == 0
+    assert json.loads(capsys.readouterr().out) == EXPECTED
+
+
+def test_parse_command_prints_null_for_a_body_without_stats(capsys):
+    assert run_parse_command(str(PAYLOADS / "plain_openai_body.json")) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "null"
+    assert err == ""
+
+
+def _write(tmp_path, data: bytes) -> str:
+    path = tmp_path / "input"
+    path.write_bytes(data)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "make_path",
+    [
+        lambda tmp: str(tmp / "does-not-exist.json"),
+        lambda tmp: str(tmp),  # a directory
+        lambda tmp: _write(tmp, b""),
+        lambda tmp: _write(tmp, b"this is not a capture\nat all\n"),
+        lambda tmp: _write(tmp, b"\xff\xfe\x00garbage"),
+        lambda tmp: _write(tmp, b"[" * 100_000),
+    ],
+    ids=["missing", "directory", "empty", "garbage", "not-utf8", "too-deep"],
+)
+def test_parse_command_unreadable_input_is_one_line_on_stderr_and_exit_2(
+    capsys, tmp_path, make_path
+):
+    path = make_path(tmp_path)
+    assert run_parse_command(path) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("spec-decode-otel parse: cannot read")
+
+
+def test_parse_command_empty_stdin_is_exit_2(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    assert run_parse_command("-") == 2
+    assert "empty input" in capsys.readouterr().err
+
+
+def test_cli_main_dispatches_parse(capsys):
+    assert cli_main(["parse", str(PAYLOADS / "vllm_premerge_body.json")]) == 0
+    assert json.loads(capsys.readouterr().out) == PREMERGE["expected_record"]
+
+
+def test_cli_main_parse_of_missing_file_exits_2(capsys, tmp_path):
+    assert cli_main(["parse", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_python_dash_m_parse_from_stdin_in_a_subprocess():
+    done = subprocess.run(
+        [sys.executable, "-m", "spec_decode_otel", "parse", "-"],
+        input=(PAYLOADS / "vllm_merged_stream.sse").read_bytes(),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert json.loads(done.stdout) == EXPECTED
+
+
+def test_python_dash_m_parse_of_garbage_exits_2_with_one_line(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "spec_decode_otel", "parse", _write(tmp_path, b"garbage")],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stdout == b""
+    assert len(done.stderr.decode().strip().splitlines()) == 1

@@ -29,7 +29,12 @@ MAX_ARRAY_LENGTH = 100_000
 #: tolerance; a larger disagreement means the payload contradicts itself.
 FLOAT_AGREEMENT = 1e-6
 
-NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
+#: Largest count a record may hold: OTLP carries integers as int64, and a value beyond it
+#: cannot be exported (a span attribute is dropped; a counter point fails the whole
+#: metrics export, every time, since counters are cumulative).
+MAX_COUNT = 2**63 - 1
+
+NonNegativeInt = Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
 _PerStep = Annotated[list[NonNegativeInt], Field(max_length=MAX_ARRAY_LENGTH)]
 
 

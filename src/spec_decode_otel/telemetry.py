@@ -21,7 +21,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span
 
-from spec_decode_otel.record import SpecDecodeAcceptanceRecord
+from spec_decode_otel.record import MAX_COUNT, SpecDecodeAcceptanceRecord
 from spec_decode_otel.version import __version__
 
 SCOPE_NAME = "spec_decode_otel"
@@ -123,7 +123,8 @@ class _CounterTotals:
         with self._lock:
             totals = self._totals
             for key, amount in items:
-                totals[key] = totals.get(key, 0) + amount
+                # Saturate at int64: an OTLP counter point past it fails every export.
+                totals[key] = min(totals.get(key, 0) + amount, MAX_COUNT)
 
     def observe(self, _options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:

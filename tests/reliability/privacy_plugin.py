@@ -258,7 +258,8 @@ def scan_otlp_message(message: Any) -> None:
         if which is None:
             return
         for point in getattr(message, which).data_points:
-            _check_mapping("otlp-metric", scope, message.name, _proto_attributes(point.attributes), own)
+            attrs = _proto_attributes(point.attributes)
+            _check_mapping("otlp-metric", scope, message.name, attrs, own)
 
 
 # --------------------------------------------------------------------------- hooks

@@ -20,7 +20,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from spec_decode_otel._logging import rate_limited
 from spec_decode_otel.adapters.registry import detect
 from spec_decode_otel.capture import ParsedResponse
-from spec_decode_otel.record import SpecDecodeAcceptanceRecord
+from spec_decode_otel.record import MAX_COUNT, SpecDecodeAcceptanceRecord
 from spec_decode_otel.telemetry import (
     ERROR_TYPE,
     GEN_AI_RESPONSE_FINISH_REASONS,
@@ -215,9 +215,9 @@ class Call:
             metric_attrs[GEN_AI_RESPONSE_MODEL] = telemetry.bound(
                 GEN_AI_RESPONSE_MODEL, response_model
             )
-        if type(input_tokens) is int:
+        if _is_count(input_tokens):
             attrs[GEN_AI_USAGE_INPUT_TOKENS] = input_tokens
-        if type(output_tokens) is int:
+        if _is_count(output_tokens):
             attrs[GEN_AI_USAGE_OUTPUT_TOKENS] = output_tokens
         reasons = [r for r in finish_reasons if isinstance(r, str)]
         if reasons:
@@ -265,11 +265,11 @@ class Call:
         telemetry.operation_duration.record(end - self.start, attrs, context=ctx)
         if first_chunk_at is not None:
             telemetry.time_to_first_chunk.record(first_chunk_at - self.start, attrs, context=ctx)
-        if type(input_tokens) is int:
+        if _is_count(input_tokens):
             telemetry.token_usage.record(
                 input_tokens, {**metric_attrs, GEN_AI_TOKEN_TYPE: "input"}, context=ctx
             )
-        if type(output_tokens) is int:
+        if _is_count(output_tokens):
             telemetry.token_usage.record(
                 output_tokens, {**metric_attrs, GEN_AI_TOKEN_TYPE: "output"}, context=ctx
             )
@@ -280,6 +280,12 @@ class Call:
                 self.span.end()
             except Exception:
                 report_internal_error("span.end")
+
+
+def _is_count(value: Any) -> bool:
+    # Usage comes from the server: an int beyond int64 cannot be exported (and one beyond
+    # any float makes the SDK's Histogram.record raise), so it counts as absent.
+    return type(value) is int and 0 <= value <= MAX_COUNT
 
 
 def _str_or_none(value: Any) -> str | None:

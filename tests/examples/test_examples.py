@@ -311,6 +311,9 @@ async def test_zero_code_over_otlp() -> None:
             OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
             OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
             OTEL_SERVICE_NAME="zero-code-test",
+            # openai-v2 off (its entry point is "openai"): here spec-decode-otel makes its
+            # own spans, where the console test above checks it enriching openai-v2's
+            OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="openai",
         )
         code, out, err = await run_async(["bash", "examples/zero_code.sh"], env)
         assert code == 0, out + err
@@ -320,11 +323,17 @@ async def test_zero_code_over_otlp() -> None:
             spans = map(span_attributes, receiver.spans)
             return [a for a in spans if a.get("spec_decode.engine") == "vllm"]
 
+        def spans_without_record() -> int:
+            return sum("spec_decode.engine" not in span_attributes(s) for s in receiver.spans)
+
         names = {"spec_decode.acceptance_length", "spec_decode.verify_steps"}
         await receiver.wait_for(
             lambda: len(ours()) == 2 and names <= {m.name for m in receiver.metrics}
         )
+        assert spans_without_record() == 0  # one span per call, all ours
         for attrs in ours():
+            assert attrs["gen_ai.provider.name"] == "openai"
+            assert "gen_ai.response.id" not in attrs  # openai-v2 is really off
             check_acceptance(
                 attrs["spec_decode.mean_acceptance_length"],
                 attrs["spec_decode.draft_acceptance_rate"],

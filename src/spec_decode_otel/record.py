@@ -35,11 +35,91 @@ FLOAT_AGREEMENT = 1e-6
 MAX_COUNT = 2**63 - 1
 
 NonNegativeInt = Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
-_PerStep = Annotated[list[NonNegativeInt], Field(max_length=MAX_ARRAY_LENGTH)]
+#: Per-step entries are strict ints; ``>= 0`` is checked by the model validator over the
+#: whole array (a constrained int costs pydantic ~4x a strict one per element, and a
+#: detailed response carries one entry per verify step).
+_PerStep = Annotated[list[Annotated[int, Strict()]], Field(max_length=MAX_ARRAY_LENGTH)]
 
 
 def _agrees(sent: float, derived: float) -> bool:
     return abs(sent - derived) <= FLOAT_AGREEMENT * max(1.0, abs(derived))
+
+
+def _small_counts(values: list[int] | None) -> bytes | None:
+    """``values`` as bytes when every entry is in 0..255, else None.
+
+    ``bytes()`` range-checks in C, and sums and bounds over its result run in C too. A
+    step's counts are at most k, so real per-step arrays take this path.
+    """
+    if values is None:
+        return None
+    try:
+        return bytes(values)
+    except ValueError:  # an entry outside 0..255 (entries are already strict ints)
+        return None
+
+
+def _nonnegative_sum(values: list[int], packed: bytes | None, name: str) -> int:
+    if packed is not None:
+        return sum(packed)
+    if values and min(values) < 0:
+        raise ValueError(f"per_step_{name} has a negative entry")
+    return sum(values)
+
+
+def _any_above(values: list[int], packed: bytes | None, limit: int) -> bool:
+    if packed is not None:  # delete every byte <= limit; anything left is above it
+        return limit < 255 and bool(packed.translate(None, bytes(range(limit + 1))))
+    return max(values, default=0) > limit
+
+
+def _check_per_step(
+    per_acc: list[int] | None,
+    per_drf: list[int] | None,
+    steps: int | None,
+    accepted: int | None,
+    drafted: int | None,
+    k: int | None,
+) -> None:
+    """Per-step arrays: one entry >= 0 per step, summing to the totals; no step accepting
+    more drafts than it drafted, or drafting more than k.
+
+    A detailed response carries one entry per verify step (10,000+ on a long request) and
+    this runs for every such request, so the element loops run in C where they can: a
+    drafted array in which every step drafted the same number (fixed k, the usual case)
+    is one ``list.count``, and arrays of counts in 0..255 go through ``bytes()``. Other
+    arrays take the plain path; the verdict is the same either way.
+    """
+    for values, name in ((per_acc, "accepted"), (per_drf, "drafted")):
+        if values is not None and (steps is None or len(values) != steps):
+            raise ValueError(f"per_step_{name} length differs from num_spec_steps")
+    acc_packed = _small_counts(per_acc)
+    if per_acc is not None and (
+        accepted is None or _nonnegative_sum(per_acc, acc_packed, "accepted") != accepted
+    ):
+        raise ValueError("per_step_accepted does not sum to the accepted total")
+    if per_drf is None:
+        return
+    same = per_drf[0] if per_drf and per_drf.count(per_drf[0]) == len(per_drf) else None
+    drf_packed = None
+    if same is not None:
+        if same < 0:
+            raise ValueError("per_step_drafted has a negative entry")
+        drf_total = same * len(per_drf)
+    else:
+        drf_packed = _small_counts(per_drf)
+        drf_total = _nonnegative_sum(per_drf, drf_packed, "drafted")
+    if drafted is None or drf_total != drafted:
+        raise ValueError("per_step_drafted does not sum to the drafted total")
+    if per_acc is not None:
+        if same is not None:
+            exceeded = _any_above(per_acc, acc_packed, same)
+        else:
+            exceeded = any(map(operator.gt, per_acc, per_drf))
+        if exceeded:
+            raise ValueError("a step accepted more drafts than it drafted")
+    if k is not None and (same > k if same is not None else _any_above(per_drf, drf_packed, k)):
+        raise ValueError("a step drafted more than num_spec_tokens")
 
 
 class SpecDecodeAcceptanceRecord(BaseModel):
@@ -125,13 +205,7 @@ class SpecDecodeAcceptanceRecord(BaseModel):
             if k is not None and hist and max(hist) > k:
                 raise ValueError("histogram bucket beyond num_spec_tokens")
 
-        self._check_per_step(self.per_step_accepted, accepted, "accepted")
-        self._check_per_step(self.per_step_drafted, drafted, "drafted")
-        per_acc, per_drf = self.per_step_accepted, self.per_step_drafted
-        if per_acc is not None and per_drf is not None and any(map(operator.gt, per_acc, per_drf)):
-            raise ValueError("a step accepted more drafts than it drafted")
-        if per_drf is not None and k is not None and per_drf and max(per_drf) > k:
-            raise ValueError("a step drafted more than num_spec_tokens")
+        _check_per_step(self.per_step_accepted, self.per_step_drafted, steps, accepted, drafted, k)
 
         if mal is not None and steps is not None and accepted is not None:
             try:
@@ -145,14 +219,6 @@ class SpecDecodeAcceptanceRecord(BaseModel):
             if not _agrees(rate, derived):
                 raise ValueError("draft_acceptance_rate contradicts the counts")
         return self
-
-    def _check_per_step(self, values: list[int] | None, total: int | None, name: str) -> None:
-        if values is None:
-            return
-        if self.num_spec_steps is None or len(values) != self.num_spec_steps:
-            raise ValueError(f"per_step_{name} length differs from num_spec_steps")
-        if total is None or sum(values) != total:
-            raise ValueError(f"per_step_{name} does not sum to the {name} total")
 
     @property
     def is_partial(self) -> bool:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from spec_decode_otel import SpecDecodeAcceptanceRecord as Record
@@ -340,3 +343,110 @@ def test_accepted_at_position_counts_steps_that_accepted_a_prefix_reaching_each_
 def test_accepted_at_position_sums_to_the_accepted_draft_total():
     record = make()
     assert sum(record.accepted_at_position()) == record.num_accepted_draft_tokens
+
+
+# ---------------------------------------------------------------- per-step arrays
+
+
+def per_step_record(per_acc, per_drf, k=None, **changes):
+    fields = dict(
+        engine="vllm",
+        num_spec_steps=len(per_acc if per_acc is not None else per_drf),
+        num_accepted_draft_tokens=sum(per_acc) if per_acc is not None else 0,
+        num_draft_tokens=sum(per_drf) if per_drf is not None else 0,
+        num_spec_tokens=k,
+        per_step_accepted=per_acc,
+        per_step_drafted=per_drf,
+    )
+    return Record(**{**fields, **changes})
+
+
+def test_per_step_counts_beyond_a_byte_are_validated_like_small_ones():
+    record = per_step_record([300, 0, 256], [300, 300, 300], k=300)
+    assert record.per_step_accepted == [300, 0, 256]
+    assert per_step_record([300, 0, 2], [300, 1, 257], k=300).num_draft_tokens == 558
+    with pytest.raises(ValidationError, match="accepted more drafts"):
+        per_step_record([300, 2, 256], [300, 1, 300], k=300)
+    with pytest.raises(ValidationError, match="accepted more drafts"):
+        per_step_record([301, 0, 0], [300, 300, 300], k=400)
+    with pytest.raises(ValidationError, match="drafted more than num_spec_tokens"):
+        per_step_record([0, 0, 0], [300, 300, 300], k=299)
+    with pytest.raises(ValidationError, match="drafted more than num_spec_tokens"):
+        per_step_record([0, 0, 0], [300, 1, 300], k=299)
+
+
+@pytest.mark.parametrize(
+    ("per_acc", "per_drf"),
+    [([-1, 2], [3, 3]), ([2, 1], [-3, 9]), ([0, 0], [-1, -1]), ([-300, 301], [301, 301])],
+    ids=["accepted", "drafted-varied", "drafted-uniform", "beyond-a-byte"],
+)
+def test_negative_per_step_entries_are_rejected(per_acc, per_drf):
+    totals = dict(
+        num_accepted_draft_tokens=max(0, sum(per_acc)), num_draft_tokens=max(0, sum(per_drf))
+    )
+    with pytest.raises(ValidationError, match="has a negative entry"):
+        per_step_record(per_acc, per_drf, **totals)
+
+
+def test_per_step_drafted_alone_is_checked_against_k():
+    assert per_step_record(None, [3, 2, 3], k=3).per_step_drafted == [3, 2, 3]
+    with pytest.raises(ValidationError, match="drafted more than num_spec_tokens"):
+        per_step_record(None, [3, 4, 3], k=3)
+
+
+def _naive_per_step_ok(per_acc, per_drf, steps, accepted, drafted, k) -> bool:
+    """The per-step rules of DESIGN.md, written the obvious way (reference for the record)."""
+    if accepted > drafted:
+        return False
+    for values, total in ((per_acc, accepted), (per_drf, drafted)):
+        if values is not None and (
+            len(values) != steps or any(v < 0 for v in values) or sum(values) != total
+        ):
+            return False
+    if per_acc is not None and per_drf is not None and any(map(operator.gt, per_acc, per_drf)):
+        return False
+    return not (per_drf and k is not None and max(per_drf) > k)
+
+
+entries = st.one_of(
+    st.integers(0, 6), st.integers(250, 260), st.integers(-2, -1), st.integers(0, 10**6)
+)
+
+
+@st.composite
+def per_step_cases(draw):
+    steps = draw(st.integers(0, 20))
+    per_acc = draw(st.none() | st.lists(entries, min_size=steps, max_size=steps))
+    uniform = st.builds(lambda v: [v] * steps, entries)
+    per_drf = draw(st.none() | uniform | st.lists(entries, min_size=steps, max_size=steps))
+    if per_acc is not None and per_drf is not None and draw(st.booleans()):
+        per_acc = list(map(min, per_acc, per_drf))  # pairs that respect accepted <= drafted
+    accepted = sum(per_acc) if per_acc is not None else draw(st.integers(0, 50))
+    drafted = sum(per_drf) if per_drf is not None else accepted + draw(st.integers(0, 50))
+    accepted = max(0, accepted + draw(st.sampled_from([0, 0, 0, 1, -1])))
+    drafted = max(0, drafted + draw(st.sampled_from([0, 0, 0, 1])))
+    if draw(st.booleans()):  # sometimes a step count that does not match the arrays
+        steps += draw(st.sampled_from([1, -1])) if steps else 1
+    k = draw(st.none() | st.integers(0, 6) | st.integers(250, 300) | st.integers(0, 10**6))
+    return per_acc, per_drf, steps, accepted, drafted, k
+
+
+@settings.get_profile("spec-decode-otel-fuzz")
+@given(per_step_cases())
+def test_per_step_validation_agrees_with_the_naive_rules(case):
+    per_acc, per_drf, steps, accepted, drafted, k = case
+    expected = _naive_per_step_ok(*case)
+    try:
+        Record(
+            engine="x",
+            num_spec_steps=steps,
+            num_accepted_draft_tokens=accepted,
+            num_draft_tokens=drafted,
+            num_spec_tokens=k,
+            per_step_accepted=per_acc,
+            per_step_drafted=per_drf,
+        )
+    except ValidationError:
+        assert not expected
+    else:
+        assert expected

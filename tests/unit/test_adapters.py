@@ -181,12 +181,10 @@ def test_more_than_one_sequence_gives_no_record(payload):
 def test_the_same_payload_with_one_sequence_gives_a_record(payload):
     # Proves each n>1 case is rejected for n>1 and not for some other defect.
     single = copy.deepcopy(payload)
-    single["choices"] = [c for c in single["choices"] if c["index"] == 1][:1] or single["choices"][
-        :1
-    ]
-    single["choices"][0]["index"] = 0
-    if single.get("metrics", {}).get("speculative_decoding", ...) is None:
-        single["metrics"]["speculative_decoding"] = vllm_stats()
+    # Keep the last choice (the index-1 one when there is one) and make it index 0.
+    single["choices"] = [{**single["choices"][-1], "index": 0}]
+    if "metrics" in single and single["metrics"]["speculative_decoding"] is None:
+        single["metrics"]["speculative_decoding"] = vllm_stats()  # what n=1 would carry
     details = single.get("sglext", {}).get("spec_tokens_details")
     if isinstance(details, list):
         single["sglext"]["spec_tokens_details"] = details[:1]

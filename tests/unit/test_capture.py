@@ -113,6 +113,8 @@ def test_from_sdk_never_calls_model_dump(monkeypatch):
     completion = construct_type(
         type_=ChatCompletion, value=vector("vllm_premerge_chat")["response"]
     )
+    with pytest.raises(AssertionError):  # the trap is armed on this very object
+        completion.model_dump()
     record = detect([ParsedResponse.from_sdk(completion)])
     assert record is not None
     assert record.num_spec_steps == 43

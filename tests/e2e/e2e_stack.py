@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -133,6 +134,17 @@ def port_open(port: int) -> bool:
 # --------------------------------------------------------------------------- processes
 
 
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the child gets SIGKILL when the test process dies, even by SIGKILL.
+
+    The children run in their own process groups (so one killpg stops a process and
+    its helpers); this keeps them from outliving a killed test run.
+    """
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 @dataclass
 class ManagedProcess:
     """One child process in its own process group, with its output in ``log_path``."""
@@ -154,6 +166,7 @@ class ManagedProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: killpg reaches all of it
+                preexec_fn=_die_with_parent if os.name == "posix" else None,
             )
         _RUNNING.append(self)
 
@@ -199,6 +212,18 @@ def stop_all() -> None:
 
 
 atexit.register(stop_all)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:  # pragma: no cover - CI time-outs
+    stop_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+# A SIGTERM (a CI time-out) skips atexit: stop the stack first, then die as asked.
+if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    with contextlib.suppress(ValueError):  # not the main thread
+        signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def wait_until(

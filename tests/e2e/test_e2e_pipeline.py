@@ -150,22 +150,58 @@ def test_metric_totals_match_records(
 # --------------------------------------------------------------------------- traces
 
 
-def _spec_span(spans: list[dict[str, Any]]) -> dict[str, Any] | None:
-    for span in spans:
-        if "spec_decode.mean_acceptance_length" in span["attributes"]:
-            return span
-    return None
+def _spec_spans(spans: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    return [s for s in spans or [] if "spec_decode.mean_acceptance_length" in s["attributes"]]
 
 
-def _wait_for_trace(
-    jaeger: httpx.Client, trace_id: str, deadline: float
-) -> list[dict[str, Any]] | None:
+def _mismatches(span: dict[str, Any], line: dict[str, Any], service: str) -> list[str]:
+    """How ``span`` differs from the record ``line`` (empty: it is that request's span)."""
+    rec, attrs = line["record"], span["attributes"]
+    out = []
+    if span["resource"].get("service.name") != service:
+        out.append(f"service.name {span['resource'].get('service.name')!r} != {service!r}")
+    if attrs.get("spec_decode.engine") != line["engine"]:
+        out.append(f"engine {attrs.get('spec_decode.engine')!r} != {line['engine']!r}")
+    for key in ("mean_acceptance_length", "draft_acceptance_rate"):
+        got = attrs.get(f"spec_decode.{key}")
+        if rec.get(key) is not None and not (
+            isinstance(got, float) and math.isclose(got, rec[key])
+        ):
+            out.append(f"{key} {got!r} != {rec[key]!r}")
+    for key in (
+        "num_spec_steps",
+        "num_accepted_draft_tokens",
+        "num_draft_tokens",
+        "num_spec_tokens",
+    ):
+        if rec.get(key) is not None and attrs.get(f"spec_decode.{key}") != rec[key]:
+            out.append(f"{key} {attrs.get(f'spec_decode.{key}')!r} != {rec[key]!r}")
+    hist = {int(j): int(c) for j, c in (rec.get("acceptance_histogram") or {}).items()}
+    if hist:
+        dense = [hist.get(j, 0) for j in range(max(hist) + 1)]
+        got = list(attrs.get("spec_decode.acceptance_histogram") or [])
+        # Dense from index 0; trailing zero buckets (up to k) are allowed.
+        if got[: len(dense)] != dense or any(got[len(dense) :]):
+            out.append(f"acceptance_histogram {got} != {dense}")
+    return out
+
+
+def _find_span(
+    jaeger: httpx.Client, line: dict[str, Any], service: str, deadline: float
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """The span of the record's request in its trace (polling until ``deadline``), or
+    None and what the closest span got wrong."""
     while True:
-        spans = jaeger_trace_spans(jaeger, trace_id)
-        if spans and _spec_span(spans) is not None:
-            return spans
+        candidates = _spec_spans(jaeger_trace_spans(jaeger, line["trace_id"]))
+        best: list[str] = ["trace not found, or no span with spec_decode.* attributes"]
+        for span in candidates:
+            problems = _mismatches(span, line, service)
+            if not problems:
+                return span, []
+            if len(problems) < len(best) or best[0].startswith("trace not found"):
+                best = problems
         if time.monotonic() > deadline:
-            return spans
+            return None, best
         time.sleep(0.25)
 
 
@@ -175,40 +211,16 @@ def test_traces_carry_spec_decode_attributes(
 ) -> None:
     w = workloads[protocol]
     deadline = time.monotonic() + TRACE_TIMEOUT_S
-    missing = []
+    failures = []
     for line in w.records:
-        trace_id = line["trace_id"]
-        assert re.fullmatch(r"[0-9a-f]{32}", trace_id), trace_id
-        spans = _wait_for_trace(jaeger, trace_id, deadline)
-        span = _spec_span(spans or [])
+        assert re.fullmatch(r"[0-9a-f]{32}", line["trace_id"]), line["trace_id"]
+        span, problems = _find_span(jaeger, line, w.service, deadline)
         if span is None:
-            missing.append(trace_id)
-            continue
-        rec, attrs = line["record"], span["attributes"]
-        assert span["resource"].get("service.name") == w.service
-        assert attrs["spec_decode.engine"] == line["engine"]
-        assert math.isclose(
-            attrs["spec_decode.mean_acceptance_length"], rec["mean_acceptance_length"]
-        )
-        if rec.get("draft_acceptance_rate") is not None:
-            assert math.isclose(
-                attrs["spec_decode.draft_acceptance_rate"], rec["draft_acceptance_rate"]
-            )
-        for key in (
-            "num_spec_steps",
-            "num_accepted_draft_tokens",
-            "num_draft_tokens",
-            "num_spec_tokens",
-        ):
-            if rec.get(key) is not None:
-                assert attrs.get(f"spec_decode.{key}") == rec[key], key
-        hist = {int(j): int(c) for j, c in (rec.get("acceptance_histogram") or {}).items()}
-        if hist:
-            dense = [hist.get(j, 0) for j in range(max(hist) + 1)]
-            got = list(attrs["spec_decode.acceptance_histogram"])
-            # Dense from 0; trailing zero buckets (up to k) are allowed.
-            assert got[: len(dense)] == dense and not any(got[len(dense) :]), (got, dense)
-    assert not missing, f"{len(missing)}/{len(w.records)} traces not in Jaeger: {missing[:5]}"
+            failures.append(f"{line['trace_id']}: {'; '.join(problems)}")
+    assert not failures, (
+        f"{len(failures)}/{len(w.records)} records without a matching span in Jaeger:\n"
+        + "\n".join(failures[:10])
+    )
 
     # The classic JSON API (what Grafana's Jaeger datasource reads) serves them too.
     first = w.records[0]["trace_id"]
@@ -261,13 +273,16 @@ def test_exemplars_link_metrics_to_traces(
 
     deadline = time.monotonic() + TRACE_TIMEOUT_S
     for trace_id in {ex["labels"]["trace_id"] for ex in exemplars}:
-        spans = _wait_for_trace(jaeger, trace_id, deadline)
-        assert spans, f"exemplar trace {trace_id} not found in Jaeger"
-        span = _spec_span(spans)
-        assert span is not None
-        assert {
-            ex["labels"]["span_id"] for ex in exemplars if ex["labels"]["trace_id"] == trace_id
-        } <= {s["span_id"] for s in spans}
+        while True:
+            span_ids = {s["span_id"] for s in _spec_spans(jaeger_trace_spans(jaeger, trace_id))}
+            wanted = {
+                ex["labels"]["span_id"] for ex in exemplars if ex["labels"]["trace_id"] == trace_id
+            }
+            if wanted <= span_ids or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        # The exemplar's span is a span of that trace, and the one with the attributes.
+        assert wanted <= span_ids, f"exemplar spans {wanted} of trace {trace_id} not in Jaeger"
 
 
 # --------------------------------------------------------------------------- dashboard
@@ -402,7 +417,6 @@ def test_dashboard_variables_resolve(workloads: dict[str, Workload], prom: httpx
     assert {w.service for w in workloads.values()} <= set(found["service"])
     assert {r["engine"] for r in records} <= set(found["engine"])
     assert {r["model"] for r in records} <= set(found["model"]) | _response_models(prom, workloads)
-    assert "127.0.0.1" in found["server"] or "localhost" in found["server"] or found["server"]
 
 
 def _response_models(prom: httpx.Client, workloads: dict[str, Workload]) -> set[str]:

@@ -48,7 +48,8 @@ else
     exit 1
   fi
   # ocb runs `go` from PATH for `go mod tidy` and `go build`.
-  export PATH="$(dirname "${GO}"):${PATH}"
+  GO_DIR="$(dirname "${GO}")"
+  export PATH="${GO_DIR}:${PATH}"
   export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
   export GOFLAGS="${GOFLAGS:--buildvcs=false}"
   export CGO_ENABLED=0

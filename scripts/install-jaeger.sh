@@ -26,6 +26,13 @@ BIN="${DEST_DIR}/jaeger"
 
 log() { printf '[install-jaeger] %s\n' "$*" >&2; }
 
+mkdir -p "${CACHE_ROOT}"
+# One build at a time per cache (two CI jobs or a test fixture racing this script).
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"${CACHE_ROOT}/.jaeger.lock"
+  flock 9
+fi
+
 if [[ -x "${BIN}" && "${JAEGER_FORCE_REBUILD:-0}" != "1" ]] && "${BIN}" version >/dev/null 2>&1; then
   log "cached: ${BIN}"
   echo "${BIN}"

@@ -10,21 +10,24 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PYTHON="${PYTHON:-python3}"
+export PATH="$PATH:/usr/local/go/bin"
 step() { printf '\n==> %s\n' "$*"; }
 
 step "python packages"
 "$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
 
 step "OpenTelemetry Collector (built with the Collector Builder; cached)"
-SPEC_DECODE_OTEL_OTELCOL="$(bash scripts/install-collector.sh | tail -n 1)"
-export SPEC_DECODE_OTEL_OTELCOL
+# Assign, then export: `export X=$(...)` would hide a failing script from set -e.
+OTELCOL="$(bash scripts/install-collector.sh | tail -n 1)"
+export SPEC_DECODE_OTEL_OTELCOL="$OTELCOL"
 
 step "Prometheus (Debian package)"
-bash scripts/install-prometheus.sh
+PROMETHEUS="$(bash scripts/install-prometheus.sh | tail -n 1)"
+export SPEC_DECODE_OTEL_PROMETHEUS="$PROMETHEUS"
 
 step "trace store (Jaeger v2; cached)"
-SPEC_DECODE_OTEL_JAEGER="$(bash scripts/install-jaeger.sh | tail -n 1)"
-export SPEC_DECODE_OTEL_JAEGER
+JAEGER="$(bash scripts/install-jaeger.sh | tail -n 1)"
+export SPEC_DECODE_OTEL_JAEGER="$JAEGER"
 
 step "ruff"
 "$PYTHON" -m ruff check .

@@ -25,6 +25,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from spec_decode_otel import telemetry as names
+from spec_decode_otel.attributes import attributes
 
 #: The two demo models: an EAGLE-like drafter that accepts well (per-position
 #: conditional acceptance falling with depth) and an n-gram drafter that accepts poorly.
@@ -118,7 +119,8 @@ def _run_workload(base_url: str, requests: int, concurrency: int, progress: _Pro
     models = list(DEMO_MODELS)
     sync_count = requests // 2
     client = openai.OpenAI(base_url=base_url, api_key="demo", max_retries=0)
-    with client:
+    # Two workloads, so the dashboards' per-workload panels have something to slice.
+    with client, attributes(workload="interactive-chat"):
         for i in range(sync_count):
             model = models[i % len(models)]
             if i % 2 == 0:
@@ -144,7 +146,8 @@ def _run_workload(base_url: str, requests: int, concurrency: int, progress: _Pro
                 progress.advance()
 
         try:
-            await asyncio.gather(*(one(i) for i in range(requests - sync_count)))
+            with attributes(workload="batch-summarize"):
+                await asyncio.gather(*(one(i) for i in range(requests - sync_count)))
         finally:
             await aclient.close()
 
@@ -279,6 +282,7 @@ def run(args: argparse.Namespace) -> int:
         span_processors=[spans],
         metric_readers=[reader],
         inject_include_usage=True,
+        metric_attributes=("workload",),
     )
     try:
         with SimulatorServer(config) as simulator:

@@ -46,6 +46,8 @@ OPERATIONS: Mapping[str, str] = {
     "/completions": "text_completion",
 }
 PROVIDER = "openai"
+#: Distinct (operation, model, server) keys whose attribute dicts are cached.
+_ATTR_CACHE_MAX = 256
 
 
 class Instrumentation:
@@ -56,6 +58,9 @@ class Instrumentation:
         self.telemetry = telemetry
         self._allowed_user_keys = frozenset(settings.metric_attributes)
         self._server_cache: tuple[Any, str | None, int | None] | None = None
+        #: (operation, model, host, port) → (span attributes, metric attributes): both
+        #: dicts are shared by every call with that key and never mutated.
+        self._attr_cache: dict[tuple[Any, ...], tuple[dict[str, Any], dict[str, Any]]] = {}
 
     # -- request start ---------------------------------------------------------
 
@@ -80,29 +85,14 @@ class Instrumentation:
             options, injected_usage = self._amend(options, body, streaming)
 
             host, port = self._server(client)
-            user = current_attributes()
-            span_attrs: dict[str, Any] = {
-                GEN_AI_OPERATION_NAME: operation,
-                GEN_AI_PROVIDER_NAME: PROVIDER,
-            }
-            if model is not None:
-                span_attrs[GEN_AI_REQUEST_MODEL] = model
-            if host is not None:
-                span_attrs[SERVER_ADDRESS] = host
-            if port is not None:
-                span_attrs[SERVER_PORT] = port
             telemetry = self.telemetry
-            metric_attrs = {
-                GEN_AI_OPERATION_NAME: operation,
-                GEN_AI_PROVIDER_NAME: PROVIDER,
-                GEN_AI_REQUEST_MODEL: telemetry.bound(GEN_AI_REQUEST_MODEL, model or ""),
-                SERVER_ADDRESS: telemetry.bound(SERVER_ADDRESS, host or ""),
-            }
-            if port is not None:
-                metric_attrs[SERVER_PORT] = port
-            for key, value in user.items():
-                if key in self._allowed_user_keys:
-                    metric_attrs[key] = telemetry.bound(key, value)
+            span_attrs, metric_attrs = self._attributes(operation, model, host, port)
+            user = current_attributes()
+            if user:
+                allowed = self._allowed_user_keys
+                extra = {k: telemetry.bound(k, v) for k, v in user.items() if k in allowed}
+                if extra:
+                    metric_attrs = {**metric_attrs, **extra}
 
             current = trace.get_current_span()
             mode = settings.mode
@@ -115,7 +105,8 @@ class Instrumentation:
                     span.set_attributes(user)
                 activate = None
             else:
-                span_attrs.update(user)
+                if user:
+                    span_attrs = {**span_attrs, **user}
                 span = telemetry.tracer.start_span(
                     f"{operation} {model}" if model else operation,
                     kind=SpanKind.CLIENT,
@@ -139,9 +130,48 @@ class Instrumentation:
             report_internal_error("start")
             return None
 
+    def _attributes(
+        self, operation: str, model: str | None, host: str | None, port: int | None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The span's start attributes and the base metric attributes for one call.
+
+        Cached per key: the bounded metric values a key maps to never change once seen
+        (a bounded attribute only ever gains values, up to its limit). The cache stops
+        growing at ``_ATTR_CACHE_MAX`` keys; past that, calls build their own dicts.
+        """
+        key = (operation, model, host, port)
+        cached = self._attr_cache.get(key)
+        if cached is not None:
+            return cached
+        span_attrs: dict[str, Any] = {
+            GEN_AI_OPERATION_NAME: operation,
+            GEN_AI_PROVIDER_NAME: PROVIDER,
+        }
+        if model is not None:
+            span_attrs[GEN_AI_REQUEST_MODEL] = model
+        if host is not None:
+            span_attrs[SERVER_ADDRESS] = host
+        if port is not None:
+            span_attrs[SERVER_PORT] = port
+        telemetry = self.telemetry
+        metric_attrs = {
+            GEN_AI_OPERATION_NAME: operation,
+            GEN_AI_PROVIDER_NAME: PROVIDER,
+            GEN_AI_REQUEST_MODEL: telemetry.bound(GEN_AI_REQUEST_MODEL, model or ""),
+            SERVER_ADDRESS: telemetry.bound(SERVER_ADDRESS, host or ""),
+        }
+        if port is not None:
+            metric_attrs[SERVER_PORT] = port
+        value = (span_attrs, metric_attrs)
+        if len(self._attr_cache) < _ATTR_CACHE_MAX:
+            self._attr_cache[key] = value
+        return value
+
     def _amend(self, options: Any, body: Mapping[str, Any], streaming: bool) -> tuple[Any, bool]:
         """Opt-in request changes, on a copy: the user's own objects are never mutated."""
         settings = self.settings
+        if not settings.request_engine_stats and not (streaming and settings.inject_include_usage):
+            return options, False
         additions: dict[str, Any] = {}
         injected_usage = False
         if streaming and settings.inject_include_usage:
@@ -251,12 +281,26 @@ def _detach(token: object | None) -> None:
             report_internal_error("detach")
 
 
-def wrap_result(call: Call, result: Any, hide_usage: bool) -> Any:
-    """What the user gets back: the same object, or a transparent proxy. Never raises."""
-    try:
+_OPENAI_TYPES: tuple[type, ...] = ()
+
+
+def _openai_types() -> tuple[type, ...]:
+    """(LegacyAPIResponse, AsyncAPIResponse, BaseAPIResponse, Stream, AsyncStream),
+    imported on first use (not at import time: ``openai`` is an optional dependency)."""
+    global _OPENAI_TYPES
+    if not _OPENAI_TYPES:
+        from openai import AsyncStream, Stream
         from openai._legacy_response import LegacyAPIResponse
         from openai._response import AsyncAPIResponse, BaseAPIResponse
 
+        _OPENAI_TYPES = (LegacyAPIResponse, AsyncAPIResponse, BaseAPIResponse, Stream, AsyncStream)
+    return _OPENAI_TYPES
+
+
+def wrap_result(call: Call, result: Any, hide_usage: bool) -> Any:
+    """What the user gets back: the same object, or a transparent proxy. Never raises."""
+    try:
+        LegacyAPIResponse, AsyncAPIResponse, BaseAPIResponse, _, _ = _openai_types()
         if isinstance(result, LegacyAPIResponse):
             if not getattr(result, "_stream", False):
                 # with_raw_response: the body is already read; parse our own copy so the
@@ -278,8 +322,7 @@ def wrap_result(call: Call, result: Any, hide_usage: bool) -> Any:
 
 def wrap_parsed(call: Call, parsed: Any, hide_usage: bool) -> Any:
     """A parsed body: proxy a stream, or finish the call with the object."""
-    from openai import AsyncStream, Stream
-
+    _, _, _, Stream, AsyncStream = _openai_types()
     if isinstance(parsed, Stream):
         return SyncStreamProxy(parsed, call, hide_usage)
     if isinstance(parsed, AsyncStream):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import wrapt
@@ -24,6 +25,27 @@ from spec_decode_otel.instrumentation.call import ABANDONED, Call, report_intern
 #: SGLang's extra chunk), and "last wins" everywhere, so a long stream whose every chunk
 #: carries a field (TensorRT-LLM's running average) needs only its tail.
 KEEP_CHUNKS = 32
+
+
+def _plain(chunk: Any) -> bool:
+    """A chunk with one choice at index 0, no finish reason, no usage and no non-standard
+    fields (nearly every chunk of a stream): nothing in it for adapters to read.
+
+    False for anything else, including objects that are not the SDK's pydantic models,
+    which then take ``observe``'s general path. ``_iterate`` inlines this test.
+    """
+    try:
+        choices = chunk.choices
+        return (
+            chunk.usage is None
+            and len(choices) == 1
+            and not chunk.__pydantic_extra__
+            and (choice := choices[0]).finish_reason is None
+            and not choice.index
+            and not choice.__pydantic_extra__
+        )
+    except Exception:
+        return False
 
 
 class _StreamObserver:
@@ -42,6 +64,8 @@ class _StreamObserver:
 
     def observe(self, chunk: Any) -> bool:
         """Note ``chunk``; True when the user must not see it (our injected usage chunk)."""
+        if self.first_at is not None and _plain(chunk):
+            return False
         try:
             if self.first_at is None:
                 self.first_at = time.perf_counter()
@@ -77,6 +101,45 @@ class _StreamObserver:
             first_chunk_at=self.first_at,
             error=error,
         )
+
+
+def _iterate(proxy: Any, wrapped: Any, observer: _StreamObserver) -> Iterator[Any]:
+    """The chunks of ``wrapped``, observed, minus our hidden usage chunk.
+
+    ``proxy`` is only held, to keep it alive while a ``for`` loop holds just this
+    generator: its ``__del__`` is what reports a stream abandoned half-way. Closing this
+    generator early (``break``, then garbage collection) ends nothing by itself; the
+    proxy's own close/exit/GC do, as with ``__next__``.
+    """
+    try:
+        chunks = iter(wrapped)
+        if observer.first_at is None:
+            for chunk in chunks:  # the first chunk: its time and model
+                if not observer.observe(chunk):
+                    yield chunk
+                break
+        for chunk in chunks:
+            # _plain(chunk), inlined: the per-chunk cost is mostly function calls.
+            try:
+                choices = chunk.choices
+                plain = (
+                    chunk.usage is None
+                    and len(choices) == 1
+                    and not chunk.__pydantic_extra__
+                    and (choice := choices[0]).finish_reason is None
+                    and not choice.index
+                    and not choice.__pydantic_extra__
+                )
+            except Exception:
+                plain = False
+            if plain or not observer.observe(chunk):
+                yield chunk
+    except GeneratorExit:
+        raise
+    except BaseException as exc:
+        observer.finish(exc)
+        raise
+    observer.finish()
 
 
 class _HttpResponseProxy(wrapt.ObjectProxy):  # type: ignore[misc]
@@ -125,8 +188,10 @@ class SyncStreamProxy(wrapt.ObjectProxy):  # type: ignore[misc]
     def response(self) -> Any:
         return _response_proxy(self)
 
-    def __iter__(self) -> SyncStreamProxy:
-        return self
+    def __iter__(self) -> Iterator[Any]:
+        # A generator, as ``openai.Stream.__iter__`` itself returns: a ``for`` loop then
+        # resumes it per chunk instead of calling a Python ``__next__`` on the proxy.
+        return _iterate(self, self.__wrapped__, self._self_observer)
 
     def __next__(self) -> Any:
         observer = self._self_observer

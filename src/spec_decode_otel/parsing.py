@@ -94,7 +94,7 @@ def _parse_sse(text: str) -> list[Any]:
             return
         try:
             payloads.append(json.loads(joined))
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, an int past the digit limit, too deep
             logger.debug("skipping an SSE event whose data is not JSON")
 
     for raw in text.splitlines():

@@ -111,24 +111,44 @@ class BoundedValues:
 
 
 class _CounterTotals:
-    """Cumulative sums per attribute set, read by an observable counter's callback."""
+    """Cumulative sums per attribute set, read by an observable counter's callback.
+
+    Each attribute set's sum lives in a one-element list (a cell), so a caller that keeps
+    the cell (see :class:`SpecSeries`) adds to it without hashing the attribute key again.
+    """
 
     __slots__ = ("_lock", "_totals")
 
     def __init__(self) -> None:
-        self._totals: dict[tuple[tuple[str, Any], ...], int] = {}
+        self._totals: dict[tuple[tuple[str, Any], ...], list[int]] = {}
         self._lock = threading.Lock()
 
-    def add_many(self, items: Iterable[tuple[tuple[tuple[str, Any], ...], int]]) -> None:
+    def cell(self, key: tuple[tuple[str, Any], ...]) -> list[int]:
+        """The cell of ``key``, created (at 0) on first use."""
         with self._lock:
-            totals = self._totals
+            found = self._totals.get(key)
+            if found is None:
+                found = self._totals[key] = [0]
+            return found
+
+    def add_many(self, items: Iterable[tuple[tuple[tuple[str, Any], ...], int]]) -> None:
+        totals = self._totals
+        with self._lock:
             for key, amount in items:
+                found = totals.get(key)
+                if found is None:
+                    found = totals[key] = [0]
                 # Saturate at int64: an OTLP counter point past it fails every export.
-                totals[key] = min(totals.get(key, 0) + amount, MAX_COUNT)
+                found[0] = min(found[0] + amount, MAX_COUNT)
+
+    def add_cells(self, items: Iterable[tuple[list[int], int]]) -> None:
+        with self._lock:
+            for found, amount in items:
+                found[0] = min(found[0] + amount, MAX_COUNT)
 
     def observe(self, _options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:
-            snapshot = list(self._totals.items())
+            snapshot = [(key, found[0]) for key, found in self._totals.items()]
         return [Observation(value, dict(key)) for key, value in snapshot]
 
 
@@ -248,6 +268,91 @@ def _instruments_for(meter_provider: metrics.MeterProvider | None) -> _MeterInst
         return found
 
 
+#: Distinct response models / (engine, k) pairs whose derived attribute sets one
+#: :class:`MetricAttributes` / :class:`ResponseSeries` caches; past that, built per call.
+_SERIES_CACHE_MAX = 64
+
+
+class SpecSeries:
+    """One spec-decode attribute set (base + response model + engine + k): the dict the
+    histograms record with, and the counter cells it adds to, each built once."""
+
+    __slots__ = ("_cells", "attrs", "key")
+
+    def __init__(self, attrs: dict[str, Any]) -> None:
+        self.attrs = attrs
+        self.key: tuple[tuple[str, Any], ...] = tuple(sorted(attrs.items()))
+        # (totals, extra attribute or None) -> cell; at most 2 + 2 * MAX_DRAFT_POSITIONS
+        self._cells: dict[tuple[int, Any], list[int]] = {}
+
+    def cell(self, totals: _CounterTotals, extra: tuple[str, Any] | None) -> list[int]:
+        ident = (id(totals), extra)
+        found = self._cells.get(ident)
+        if found is None:
+            key = self.key if extra is None else (*self.key, extra)
+            found = self._cells[ident] = totals.cell(key)
+        return found
+
+
+class ResponseSeries:
+    """The metric attribute sets of calls sharing base attributes and a response model."""
+
+    __slots__ = ("_spec", "_telemetry", "attrs", "input_attrs", "output_attrs")
+
+    def __init__(self, telemetry: Telemetry, attrs: dict[str, Any]) -> None:
+        self._telemetry = telemetry
+        self.attrs = attrs
+        self.input_attrs = {**attrs, GEN_AI_TOKEN_TYPE: "input"}
+        self.output_attrs = {**attrs, GEN_AI_TOKEN_TYPE: "output"}
+        self._spec: dict[tuple[Any, Any], SpecSeries] = {}
+
+    def spec(self, engine: str, num_spec_tokens: int | None) -> SpecSeries:
+        found = self._spec.get((engine, num_spec_tokens))
+        if found is None:
+            bound = self._telemetry.bound
+            attrs = dict(self.attrs)
+            attrs[SD_ENGINE] = bound(SD_ENGINE, engine)
+            if num_spec_tokens is not None:
+                attrs[SD_NUM_SPEC_TOKENS] = bound(SD_NUM_SPEC_TOKENS, num_spec_tokens)
+            found = SpecSeries(attrs)
+            if len(self._spec) < _SERIES_CACHE_MAX:
+                self._spec[(engine, num_spec_tokens)] = found
+        return found
+
+
+class MetricAttributes:
+    """A call's base metric attributes (operation, provider, request model, server, allowed
+    user attributes) and, per response model, the sets derived from them.
+
+    Instances are cached and shared by the instrumentation, so the derived sets are
+    built once per distinct combination instead of once per call. Bounded values are
+    stable once seen (a bounded attribute only gains values, up to its limit), so a
+    cached set is exactly what building it again would give.
+    """
+
+    __slots__ = ("_by_model", "_telemetry", "base")
+
+    def __init__(self, telemetry: Telemetry, base: dict[str, Any]) -> None:
+        self._telemetry = telemetry
+        self.base = base
+        self._by_model: dict[str | None, ResponseSeries] = {}
+
+    def for_response(self, response_model: str | None) -> ResponseSeries:
+        """The sets for a response whose model is ``response_model`` (None: unknown)."""
+        found = self._by_model.get(response_model)
+        if found is None:
+            attrs = self.base
+            if response_model:
+                attrs = dict(attrs)
+                attrs[GEN_AI_RESPONSE_MODEL] = self._telemetry.bound(
+                    GEN_AI_RESPONSE_MODEL, response_model
+                )
+            found = ResponseSeries(self._telemetry, attrs)
+            if len(self._by_model) < _SERIES_CACHE_MAX:
+                self._by_model[response_model] = found
+        return found
+
+
 class Telemetry:
     """A tracer plus the (per meter provider, shared) instruments and bounded attributes."""
 
@@ -278,37 +383,56 @@ class Telemetry:
                 bounded = self._bounded.setdefault(key, BoundedValues())
         return bounded(value)
 
+    def metric_attributes(self, base: dict[str, Any]) -> MetricAttributes:
+        """Wrap a call's base metric attributes (see :class:`MetricAttributes`)."""
+        return MetricAttributes(self, base)
+
     def record_metrics(
         self,
         record: SpecDecodeAcceptanceRecord,
-        attributes: Mapping[str, Any],
+        attributes: Mapping[str, Any] | ResponseSeries,
         span: Span | None,
+        context: Any = None,
     ) -> None:
-        """Record one request's spec-decode metrics, with the span's context for exemplars."""
-        attrs = dict(attributes)
-        attrs[SD_ENGINE] = self.bound(SD_ENGINE, record.engine)
-        if record.num_spec_tokens is not None:
-            attrs[SD_NUM_SPEC_TOKENS] = self.bound(SD_NUM_SPEC_TOKENS, record.num_spec_tokens)
-        ctx = trace.set_span_in_context(span) if span is not None else None
+        """Record one request's spec-decode metrics, with the span's context for exemplars.
+
+        ``attributes`` is the call's metric attribute set (a plain mapping, or the cached
+        :class:`ResponseSeries` the instrumentation passes); ``context``, when given, is
+        ``span``'s context already made by the caller.
+        """
+        if not isinstance(attributes, ResponseSeries):
+            attributes = ResponseSeries(self, dict(attributes))
+        series = attributes.spec(record.engine, record.num_spec_tokens)
+        attrs = series.attrs
+        ctx = context
+        if ctx is None and span is not None:
+            ctx = trace.set_span_in_context(span)
         if record.mean_acceptance_length is not None:
             self.acceptance_length.record(record.mean_acceptance_length, attrs, context=ctx)
         if record.draft_acceptance_rate is not None:
             self.draft_acceptance_rate.record(record.draft_acceptance_rate, attrs, context=ctx)
 
-        key = tuple(sorted(attrs.items()))
         if record.num_draft_tokens is not None:
-            self._draft_tokens.add_many(((key, record.num_draft_tokens),))
+            totals = self._draft_tokens
+            totals.add_cells(((series.cell(totals, None), record.num_draft_tokens),))
         if record.num_accepted_draft_tokens is not None:
-            self._accepted_tokens.add_many(((key, record.num_accepted_draft_tokens),))
+            totals = self._accepted_tokens
+            totals.add_cells(((series.cell(totals, None), record.num_accepted_draft_tokens),))
         if record.acceptance_histogram is not None:
-            self._verify_steps.add_many(
-                ((*key, (SD_ACCEPTED, _position(j))), count)
-                for j, count in record.acceptance_histogram.items()
+            totals = self._verify_steps
+            totals.add_cells(
+                [
+                    (series.cell(totals, (SD_ACCEPTED, _position(j))), count)
+                    for j, count in record.acceptance_histogram.items()
+                ]
             )
-            self._accepted_at_position.add_many(
-                ((*key, (SD_POSITION, _position(p))), count)
-                for p, count in enumerate(record.accepted_at_position())
-                if count
+            totals = self._accepted_at_position
+            totals.add_cells(
+                [
+                    (series.cell(totals, (SD_POSITION, _position(p))), count)
+                    for p, count in enumerate(record.accepted_at_position())
+                    if count
+                ]
             )
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import Span, Status, StatusCode, set_span_in_context
 
 from spec_decode_otel._logging import rate_limited
 from spec_decode_otel.adapters.registry import detect
@@ -25,9 +25,10 @@ from spec_decode_otel.telemetry import (
     ERROR_TYPE,
     GEN_AI_RESPONSE_FINISH_REASONS,
     GEN_AI_RESPONSE_MODEL,
-    GEN_AI_TOKEN_TYPE,
     GEN_AI_USAGE_INPUT_TOKENS,
     GEN_AI_USAGE_OUTPUT_TOKENS,
+    MetricAttributes,
+    ResponseSeries,
     Telemetry,
     per_step_attributes,
     record_attributes,
@@ -68,7 +69,7 @@ class Call:
         telemetry: Telemetry,
         span: Span,
         own_span: bool,
-        metric_attributes: dict[str, Any],
+        metric_attributes: MetricAttributes,
         genai_metrics: bool,
         record_per_step: bool,
         per_step_max_length: int,
@@ -208,13 +209,11 @@ class Call:
         telemetry = self.telemetry
         record: SpecDecodeAcceptanceRecord | None = detect(responses) if responses else None
         attrs: dict[str, Any] = {}
-        metric_attrs = self.metric_attributes
-        if isinstance(response_model, str) and response_model:
+        if not (isinstance(response_model, str) and response_model):
+            response_model = None
+        else:
             attrs[GEN_AI_RESPONSE_MODEL] = response_model
-            metric_attrs = dict(metric_attrs)
-            metric_attrs[GEN_AI_RESPONSE_MODEL] = telemetry.bound(
-                GEN_AI_RESPONSE_MODEL, response_model
-            )
+        series = self.metric_attributes.for_response(response_model)
         if _is_count(input_tokens):
             attrs[GEN_AI_USAGE_INPUT_TOKENS] = input_tokens
         if _is_count(output_tokens):
@@ -234,18 +233,21 @@ class Call:
             span.set_attributes(attrs)
             if error_type is not None:
                 span.set_status(Status(StatusCode.ERROR, error_type))
-        if record is not None:
-            telemetry.record_metrics(record, metric_attrs, span)
-        if self.genai_metrics:
-            self._genai_metrics(
-                metric_attrs, end, error_type, input_tokens, output_tokens, first_chunk_at
-            )
+        if record is not None or self.genai_metrics:
+            ctx = set_span_in_context(span)  # exemplars link each record to this span
+            if record is not None:
+                telemetry.record_metrics(record, series, span, ctx)
+            if self.genai_metrics:
+                self._genai_metrics(
+                    series, ctx, end, error_type, input_tokens, output_tokens, first_chunk_at
+                )
         if self.own_span:
             span.end()
 
     def _genai_metrics(
         self,
-        metric_attrs: Mapping[str, Any],
+        series: ResponseSeries,
+        ctx: Any,
         end: float,
         error_type: str | None,
         input_tokens: Any,
@@ -253,26 +255,17 @@ class Call:
         first_chunk_at: float | None,
     ) -> None:
         telemetry = self.telemetry
-        ctx_span = self.span
-        from opentelemetry.trace import set_span_in_context
-
-        ctx = set_span_in_context(ctx_span)
+        attrs = series.attrs
         if error_type is not None:
-            attrs = dict(metric_attrs)
-            attrs[ERROR_TYPE] = error_type
-        else:
-            attrs = metric_attrs  # type: ignore[assignment]
+            attrs = {**attrs, ERROR_TYPE: error_type}
         telemetry.operation_duration.record(end - self.start, attrs, context=ctx)
         if first_chunk_at is not None:
             telemetry.time_to_first_chunk.record(first_chunk_at - self.start, attrs, context=ctx)
+        # Token usage carries the token type, not error.type (as before an error).
         if _is_count(input_tokens):
-            telemetry.token_usage.record(
-                input_tokens, {**metric_attrs, GEN_AI_TOKEN_TYPE: "input"}, context=ctx
-            )
+            telemetry.token_usage.record(input_tokens, series.input_attrs, context=ctx)
         if _is_count(output_tokens):
-            telemetry.token_usage.record(
-                output_tokens, {**metric_attrs, GEN_AI_TOKEN_TYPE: "output"}, context=ctx
-            )
+            telemetry.token_usage.record(output_tokens, series.output_attrs, context=ctx)
 
     def _end_span_safely(self) -> None:
         if self.own_span:

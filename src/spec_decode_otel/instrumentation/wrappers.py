@@ -35,6 +35,7 @@ from spec_decode_otel.telemetry import (
     GEN_AI_REQUEST_MODEL,
     SERVER_ADDRESS,
     SERVER_PORT,
+    MetricAttributes,
     Telemetry,
 )
 
@@ -58,9 +59,9 @@ class Instrumentation:
         self.telemetry = telemetry
         self._allowed_user_keys = frozenset(settings.metric_attributes)
         self._server_cache: tuple[Any, str | None, int | None] | None = None
-        #: (operation, model, host, port) → (span attributes, metric attributes): both
-        #: dicts are shared by every call with that key and never mutated.
-        self._attr_cache: dict[tuple[Any, ...], tuple[dict[str, Any], dict[str, Any]]] = {}
+        #: (operation, model, host, port) → (span attributes, metric attributes), shared
+        #: by every call with that key; the dicts are never mutated.
+        self._attr_cache: dict[tuple[Any, ...], tuple[dict[str, Any], MetricAttributes]] = {}
 
     # -- request start ---------------------------------------------------------
 
@@ -92,7 +93,7 @@ class Instrumentation:
                 allowed = self._allowed_user_keys
                 extra = {k: telemetry.bound(k, v) for k, v in user.items() if k in allowed}
                 if extra:
-                    metric_attrs = {**metric_attrs, **extra}
+                    metric_attrs = telemetry.metric_attributes({**metric_attrs.base, **extra})
 
             current = trace.get_current_span()
             mode = settings.mode
@@ -132,7 +133,7 @@ class Instrumentation:
 
     def _attributes(
         self, operation: str, model: str | None, host: str | None, port: int | None
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    ) -> tuple[dict[str, Any], MetricAttributes]:
         """The span's start attributes and the base metric attributes for one call.
 
         Cached per key: the bounded metric values a key maps to never change once seen
@@ -162,7 +163,7 @@ class Instrumentation:
         }
         if port is not None:
             metric_attrs[SERVER_PORT] = port
-        value = (span_attrs, metric_attrs)
+        value = (span_attrs, telemetry.metric_attributes(metric_attrs))
         if len(self._attr_cache) < _ATTR_CACHE_MAX:
             self._attr_cache[key] = value
         return value

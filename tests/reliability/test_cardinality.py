@@ -1,0 +1,168 @@
+"""Cardinality: a server (or caller) inventing values cannot explode the time series.
+
+Driven through the real instrumentation and SDK over ``httpx2.MockTransport``: a server
+that answers each request with a new model name, a new k and a new tenant (allow-listed
+user attribute) — 10,000 of each. Every metric attribute keeps at most
+``MAX_VALUES_PER_ATTRIBUTE`` (100) distinct values plus the overflow value ``_OTHER``;
+the accepted-count and draft-position attributes at most ``MAX_DRAFT_POSITIONS`` (64) plus
+``_OTHER``; so the number of attribute sets per metric stays under the product of those
+bounds, far below the SDK's own cardinality limit (never hit: no
+``otel.metric.overflow`` series).
+
+``SPEC_DECODE_OTEL_CARDINALITY_CALLS`` sizes the run (default 10,000).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from typing import Any
+
+import httpx2
+from reliability_helpers import Otel, canary_messages, instrumented, mock_client
+
+import spec_decode_otel
+from spec_decode_otel.telemetry import (
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_RESPONSE_MODEL,
+    M_ACCEPTANCE_LENGTH,
+    M_ACCEPTED_AT_POSITION,
+    M_ACCEPTED_DRAFT_TOKENS,
+    M_DRAFT_ACCEPTANCE_RATE,
+    M_DRAFT_TOKENS,
+    M_OPERATION_DURATION,
+    M_TOKEN_USAGE,
+    M_VERIFY_STEPS,
+    MAX_DRAFT_POSITIONS,
+    MAX_VALUES_PER_ATTRIBUTE,
+    OVERFLOW_VALUE,
+    SD_ACCEPTED,
+    SD_NUM_SPEC_TOKENS,
+    SD_POSITION,
+)
+
+CALLS = int(os.environ.get("SPEC_DECODE_OTEL_CARDINALITY_CALLS", "10000"))
+METRICS = (
+    M_ACCEPTANCE_LENGTH, M_DRAFT_ACCEPTANCE_RATE, M_DRAFT_TOKENS, M_ACCEPTED_DRAFT_TOKENS,
+    M_VERIFY_STEPS, M_ACCEPTED_AT_POSITION, M_OPERATION_DURATION, M_TOKEN_USAGE,
+)  # fmt: skip
+BOUNDED = MAX_VALUES_PER_ATTRIBUTE + 1  # the first N values, then the overflow value
+POSITIONS = MAX_DRAFT_POSITIONS + 1
+
+
+def premerge_body(model: str, k: int, accepted_per_step: list[int]) -> dict[str, Any]:
+    """A consistent pre-merge vLLM body (sparse histogram, any k) for ``model``."""
+    hist: dict[str, int] = {}
+    for j in accepted_per_step:
+        hist[str(j)] = hist.get(str(j), 0) + 1
+    steps, accepted = len(accepted_per_step), sum(accepted_per_step)
+    return {
+        "id": "resp",
+        "object": "chat.completion",
+        "created": 1,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "ok"},
+                "finish_reason": "stop",
+                "speculative_decoding_stats": {
+                    "acceptance_histogram": hist,
+                    "num_spec_steps": steps,
+                    "num_accepted_draft_tokens": accepted,
+                    "num_draft_tokens": k * steps,
+                    "num_spec_tokens": k,
+                },
+            }
+        ],
+        "usage": {"prompt_tokens": 4, "completion_tokens": steps + accepted, "total_tokens": 9},
+    }
+
+
+def inventive_server(request: httpx2.Request) -> httpx2.Response:
+    """Echoes the request's model as the response model; k from a header."""
+    model = json.loads(request.content)["model"]
+    k = int(request.headers["x-k"])
+    steps = [int(x) for x in request.headers["x-steps"].split(",")]
+    return httpx2.Response(200, json=premerge_body(model, k, steps))
+
+
+def attribute_census(otel: Otel) -> dict[str, tuple[int, dict[str, set]]]:
+    """Per metric: (number of attribute sets, {attribute key: distinct values})."""
+    census: dict[str, tuple[int, dict[str, set]]] = {}
+    for name in METRICS:
+        points = otel.points(name)
+        values: dict[str, set] = defaultdict(set)
+        sets = set()
+        for point in points:
+            sets.add(frozenset(point.attributes.items()))
+            for key, value in point.attributes.items():
+                values[key].add(value)
+        census[name] = (len(sets), dict(values))
+    return census
+
+
+def test_invented_models_ks_and_tenants_stay_bounded() -> None:
+    otel = Otel(keep_spans=False)
+    client = mock_client(inventive_server)
+    try:
+        with instrumented(otel, metric_attributes=("tenant",)):
+            for i in range(CALLS):
+                with spec_decode_otel.attributes(tenant=f"tenant-{i}"):
+                    client.chat.completions.create(
+                        model=f"model-{i}",
+                        messages=canary_messages(),
+                        extra_headers={"x-k": str(i + 1), "x-steps": "0,1,1,0"},
+                    )
+    finally:
+        client.close()
+    assert otel.counter.started == otel.counter.ended == CALLS
+    census = attribute_census(otel)
+    for name, (sets, values) in census.items():
+        assert sets, f"{name} recorded nothing"
+        for key in (GEN_AI_REQUEST_MODEL, GEN_AI_RESPONSE_MODEL, "tenant"):
+            assert len(values[key]) <= BOUNDED, (name, key, len(values[key]))
+            assert OVERFLOW_VALUE in values[key], (name, key)
+        assert "otel.metric.overflow" not in values, name
+        if SD_NUM_SPEC_TOKENS in values:
+            assert len(values[SD_NUM_SPEC_TOKENS]) <= BOUNDED
+            assert OVERFLOW_VALUE in values[SD_NUM_SPEC_TOKENS]
+    # The values move together here (request i brings new ones of each), so each metric
+    # has the 100 admitted combinations plus the all-overflow one, times its own axis.
+    assert census[M_ACCEPTANCE_LENGTH][0] <= BOUNDED
+    assert census[M_OPERATION_DURATION][0] <= BOUNDED
+    assert census[M_TOKEN_USAGE][0] <= 2 * BOUNDED  # input / output
+    assert census[M_VERIFY_STEPS][0] <= 2 * BOUNDED  # accepted 0 and 1
+    # Nothing was lost to the bound: the totals still count every request.
+    assert otel.histogram_count(M_ACCEPTANCE_LENGTH) == CALLS
+    assert otel.counter_total(M_VERIFY_STEPS) == 4 * CALLS
+    otel.shutdown()
+
+
+def test_accepted_counts_and_positions_past_the_limit_fold_into_overflow() -> None:
+    """A draft of 1,000 tokens: positions and accepted counts past 64 are one series."""
+    otel = Otel(keep_spans=False)
+    client = mock_client(inventive_server)
+    long_steps = ",".join(str(j) for j in range(0, 1000, 7))
+    try:
+        with instrumented(otel):
+            for _ in range(3):
+                client.chat.completions.create(
+                    model="m",
+                    messages=canary_messages(),
+                    extra_headers={"x-k": "1000", "x-steps": long_steps},
+                )
+    finally:
+        client.close()
+    census = attribute_census(otel)
+    steps_sets, steps_values = census[M_VERIFY_STEPS]
+    pos_sets, pos_values = census[M_ACCEPTED_AT_POSITION]
+    assert len(steps_values[SD_ACCEPTED]) <= POSITIONS and steps_sets <= POSITIONS
+    assert len(pos_values[SD_POSITION]) == POSITIONS and pos_sets == POSITIONS
+    assert OVERFLOW_VALUE in steps_values[SD_ACCEPTED]
+    assert OVERFLOW_VALUE in pos_values[SD_POSITION]
+    assert set(pos_values[SD_POSITION]) - {OVERFLOW_VALUE} == set(range(MAX_DRAFT_POSITIONS))
+    # Folded, not dropped: all 143 steps of each request are still counted.
+    assert otel.counter_total(M_VERIFY_STEPS) == 3 * len(long_steps.split(","))
+    otel.shutdown()

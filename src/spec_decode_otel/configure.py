@@ -14,6 +14,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +30,17 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanProcessor
 from spec_decode_otel.instrumentation import instrument
 
 #: How long exit may wait for a final flush (seconds): bounded so a dead collector
-#: cannot hold the process, long enough for one export round trip.
+#: cannot hold the process, long enough for one export round trip. Both providers are
+#: flushed at once within this bound; what is not exported by then is dropped.
 SHUTDOWN_TIMEOUT_S = 5.0
+
+
+def _flush_and_stop(provider: Any) -> None:
+    # A dead or hung collector must not fail the application's exit.
+    with contextlib.suppress(Exception):
+        provider.force_flush(int(SHUTDOWN_TIMEOUT_S * 1000))
+    with contextlib.suppress(Exception):
+        provider.shutdown()
 
 
 @dataclass
@@ -42,16 +53,34 @@ class Telemetries:
     _stopped: bool = False
 
     def shutdown(self) -> None:
-        """Flush and stop both providers (also registered with ``atexit``); idempotent."""
+        """Flush and stop both providers (also registered with ``atexit``); idempotent.
+
+        Returns within ``SHUTDOWN_TIMEOUT_S`` whatever the collector does. The OTLP
+        exporters' own deadline (``OTEL_EXPORTER_OTLP_TIMEOUT``, 10 s by default) applies
+        per export, with retries inside it, and a flush followed by a shutdown exports
+        more than once per signal: run in sequence, a dead collector held the exit for
+        half a minute and a hung one (accepting, never answering) for longer. So both
+        providers are flushed in parallel on daemon threads, and exit stops waiting at
+        the bound.
+        """
         if self._stopped:
             return
         self._stopped = True
-        for provider in (self.tracer_provider, self.meter_provider):
-            # A dead collector must not fail (or hang) the application's exit.
-            with contextlib.suppress(Exception):
-                provider.force_flush(int(SHUTDOWN_TIMEOUT_S * 1000))
-            with contextlib.suppress(Exception):
-                provider.shutdown()
+        providers = {"traces": self.tracer_provider, "metrics": self.meter_provider}
+        workers = [
+            threading.Thread(
+                target=_flush_and_stop,
+                args=(provider,),
+                name=f"spec-decode-otel-{name}-flush",
+                daemon=True,
+            )
+            for name, provider in providers.items()
+        ]
+        deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
 
 
 def _protocol(signal: str) -> str:
@@ -105,7 +134,8 @@ def setup(
     resource = Resource.create(attributes)
 
     exporting = False
-    tracer_provider = TracerProvider(resource=resource)
+    # Our atexit handler (bounded) stops them: the SDK's own would wait without a bound.
+    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     for processor in span_processors:
         tracer_provider.add_span_processor(processor)
     readers = list(metric_readers)
@@ -115,7 +145,9 @@ def setup(
     if _endpoint_configured("METRICS"):
         readers.append(PeriodicExportingMetricReader(_metric_exporter()))
         exporting = True
-    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    meter_provider = MeterProvider(
+        resource=resource, metric_readers=readers, shutdown_on_exit=False
+    )
 
     if set_global:
         trace.set_tracer_provider(tracer_provider)

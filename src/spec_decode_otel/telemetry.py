@@ -115,36 +115,22 @@ class _CounterTotals:
 
     Each attribute set's sum lives in a one-element list (a cell), so a caller that keeps
     the cell (see :class:`SpecSeries`) adds to it without hashing the attribute key again.
+    The four spec-decode counters of one meter provider share one lock, so a request's
+    counts are added under a single acquisition.
     """
 
     __slots__ = ("_lock", "_totals")
 
-    def __init__(self) -> None:
+    def __init__(self, lock: threading.Lock | None = None) -> None:
         self._totals: dict[tuple[tuple[str, Any], ...], list[int]] = {}
-        self._lock = threading.Lock()
+        self._lock = lock if lock is not None else threading.Lock()
 
-    def cell(self, key: tuple[tuple[str, Any], ...]) -> list[int]:
-        """The cell of ``key``, created (at 0) on first use."""
-        with self._lock:
-            found = self._totals.get(key)
-            if found is None:
-                found = self._totals[key] = [0]
-            return found
-
-    def add_many(self, items: Iterable[tuple[tuple[tuple[str, Any], ...], int]]) -> None:
-        totals = self._totals
-        with self._lock:
-            for key, amount in items:
-                found = totals.get(key)
-                if found is None:
-                    found = totals[key] = [0]
-                # Saturate at int64: an OTLP counter point past it fails every export.
-                found[0] = min(found[0] + amount, MAX_COUNT)
-
-    def add_cells(self, items: Iterable[tuple[list[int], int]]) -> None:
-        with self._lock:
-            for found, amount in items:
-                found[0] = min(found[0] + amount, MAX_COUNT)
+    def cell_locked(self, key: tuple[tuple[str, Any], ...]) -> list[int]:
+        """The cell of ``key``, created (at 0) on first use; the caller holds the lock."""
+        found = self._totals.get(key)
+        if found is None:
+            found = self._totals[key] = [0]
+        return found
 
     def observe(self, _options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:
@@ -226,10 +212,11 @@ class _MeterInstruments:
             description="Time from request start to the first streamed chunk",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
-        self.draft_tokens = _CounterTotals()
-        self.accepted_tokens = _CounterTotals()
-        self.verify_steps = _CounterTotals()
-        self.accepted_at_position = _CounterTotals()
+        self.counter_lock = threading.Lock()
+        self.draft_tokens = _CounterTotals(self.counter_lock)
+        self.accepted_tokens = _CounterTotals(self.counter_lock)
+        self.verify_steps = _CounterTotals(self.counter_lock)
+        self.accepted_at_position = _CounterTotals(self.counter_lock)
         for name, unit, totals, description in (
             (M_DRAFT_TOKENS, "{token}", self.draft_tokens, "Draft tokens proposed"),
             (M_ACCEPTED_DRAFT_TOKENS, "{token}", self.accepted_tokens, "Draft tokens accepted"),
@@ -275,23 +262,64 @@ _SERIES_CACHE_MAX = 64
 
 class SpecSeries:
     """One spec-decode attribute set (base + response model + engine + k): the dict the
-    histograms record with, and the counter cells it adds to, each built once."""
+    histograms record with, and the counter cells its counts go to, each built once."""
 
-    __slots__ = ("_cells", "attrs", "key")
+    __slots__ = ("_accepted", "_drafted", "_positions", "_steps", "attrs", "key")
 
     def __init__(self, attrs: dict[str, Any]) -> None:
         self.attrs = attrs
         self.key: tuple[tuple[str, Any], ...] = tuple(sorted(attrs.items()))
-        # (totals, extra attribute or None) -> cell; at most 2 + 2 * MAX_DRAFT_POSITIONS
-        self._cells: dict[tuple[int, Any], list[int]] = {}
+        self._drafted: list[int] | None = None
+        self._accepted: list[int] | None = None
+        # bucket / position (at most MAX_DRAFT_POSITIONS, then the overflow value) -> cell
+        self._steps: dict[int | str, list[int]] = {}
+        self._positions: dict[int | str, list[int]] = {}
 
-    def cell(self, totals: _CounterTotals, extra: tuple[str, Any] | None) -> list[int]:
-        ident = (id(totals), extra)
-        found = self._cells.get(ident)
-        if found is None:
-            key = self.key if extra is None else (*self.key, extra)
-            found = self._cells[ident] = totals.cell(key)
-        return found
+    def add_counts(self, record: SpecDecodeAcceptanceRecord, counters: _MeterInstruments) -> None:
+        """Add one request's counts to the four counters (under their shared lock)."""
+        drafted = record.num_draft_tokens
+        accepted = record.num_accepted_draft_tokens
+        hist = record.acceptance_histogram
+        key = self.key
+        with counters.counter_lock:
+            if drafted is not None:
+                found = self._drafted
+                if found is None:
+                    found = self._drafted = counters.draft_tokens.cell_locked(key)
+                found[0] = min(found[0] + drafted, MAX_COUNT)
+            if accepted is not None:
+                found = self._accepted
+                if found is None:
+                    found = self._accepted = counters.accepted_tokens.cell_locked(key)
+                found[0] = min(found[0] + accepted, MAX_COUNT)
+            if not hist:
+                return
+            cells = self._steps
+            for j, count in hist.items():
+                bucket = j if j < MAX_DRAFT_POSITIONS else OVERFLOW_VALUE
+                found = cells.get(bucket)
+                if found is None:
+                    found = cells[bucket] = counters.verify_steps.cell_locked(
+                        (*key, (SD_ACCEPTED, bucket))
+                    )
+                found[0] = min(found[0] + count, MAX_COUNT)
+            # Position p was accepted by every step that accepted more than p drafts: the
+            # reverse cumulative sum of the histogram (record.accepted_at_position()).
+            running = 0
+            sums = []
+            for j in range(max(hist), 0, -1):
+                running += hist.get(j, 0)
+                sums.append(running)
+            cells = self._positions
+            for p, total in enumerate(reversed(sums)):
+                if total:
+                    position = p if p < MAX_DRAFT_POSITIONS else OVERFLOW_VALUE
+                    found = cells.get(position)
+                    if found is None:
+                        found = cells[position] = counters.accepted_at_position.cell_locked(
+                            (*key, (SD_POSITION, position))
+                        )
+                    found[0] = min(found[0] + total, MAX_COUNT)
 
 
 class ResponseSeries:
@@ -372,6 +400,7 @@ class Telemetry:
         self._accepted_tokens = shared.accepted_tokens
         self._verify_steps = shared.verify_steps
         self._accepted_at_position = shared.accepted_at_position
+        self._counters = shared
         self._bounded = shared.bounded
         self._bounded_lock = shared.bounded_lock
 
@@ -412,29 +441,4 @@ class Telemetry:
         if record.draft_acceptance_rate is not None:
             self.draft_acceptance_rate.record(record.draft_acceptance_rate, attrs, context=ctx)
 
-        if record.num_draft_tokens is not None:
-            totals = self._draft_tokens
-            totals.add_cells(((series.cell(totals, None), record.num_draft_tokens),))
-        if record.num_accepted_draft_tokens is not None:
-            totals = self._accepted_tokens
-            totals.add_cells(((series.cell(totals, None), record.num_accepted_draft_tokens),))
-        if record.acceptance_histogram is not None:
-            totals = self._verify_steps
-            totals.add_cells(
-                [
-                    (series.cell(totals, (SD_ACCEPTED, _position(j))), count)
-                    for j, count in record.acceptance_histogram.items()
-                ]
-            )
-            totals = self._accepted_at_position
-            totals.add_cells(
-                [
-                    (series.cell(totals, (SD_POSITION, _position(p))), count)
-                    for p, count in enumerate(record.accepted_at_position())
-                    if count
-                ]
-            )
-
-
-def _position(index: int) -> int | str:
-    return index if index < MAX_DRAFT_POSITIONS else OVERFLOW_VALUE
+        series.add_counts(record, self._counters)

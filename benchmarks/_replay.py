@@ -304,12 +304,77 @@ class Floor:
         return n
 
 
-def setup_config(name: str, payloads: Payloads) -> tuple[Callable[[], Any], Callable[[], Any], Any]:
-    """(nonstream call, stream call, providers or None) for configuration ``name``."""
+#: The class attributes instrumentors replace (sync paths only: the benchmark is sync).
+WRAPPED_ATTRIBUTES = (
+    ("openai._base_client", "SyncAPIClient", "request"),
+    ("openai.resources.chat.completions", "Completions", "create"),
+)
+
+
+class Switch:
+    """Turns a configuration's instrumentation off and on again between batches.
+
+    Instrumentors replace class attributes process-wide; this snapshots those attributes
+    before and after instrumenting and puts either snapshot back, so one worker process
+    times its configuration and the bare SDK alternately, with the same heap, the same
+    imports and the same providers (the instrumentation's caches stay warm).
+    """
+
+    def __init__(self) -> None:
+        self.before = self._snapshot()
+        self.after: dict[tuple[str, str, str], Any] = {}
+        self.enabled = True
+
+    @staticmethod
+    def _snapshot() -> dict[tuple[str, str, str], Any]:
+        import importlib
+
+        out = {}
+        for module, cls, attr in WRAPPED_ATTRIBUTES:
+            owner = getattr(importlib.import_module(module), cls)
+            out[(module, cls, attr)] = owner.__dict__.get(attr)
+        return out
+
+    def instrumented(self) -> None:
+        self.after = self._snapshot()
+
+    def set(self, enabled: bool) -> None:
+        import importlib
+
+        if enabled == self.enabled:
+            return
+        source = self.after if enabled else self.before
+        for (module, cls, attr), value in source.items():
+            setattr(getattr(importlib.import_module(module), cls), attr, value)
+        self.enabled = enabled
+
+
+@dataclass
+class Configuration:
+    """One configuration's two calls, its providers, and a switch back to the bare SDK."""
+
+    nonstream: Callable[[], Any]
+    stream: Callable[[], Any]
+    providers: Providers | None
+    set_enabled: Callable[[bool], None]
+
+
+def setup_config(name: str, payloads: Payloads) -> Configuration:
     calls = Calls(payloads)
     if name == "A":
-        return calls.nonstream, calls.stream, None
+        return Configuration(calls.nonstream, calls.stream, None, lambda enabled: None)
     providers = Providers()
+    if name == "E":
+        floor = Floor(providers, calls)
+        config = Configuration(floor.nonstream, floor.stream, providers, lambda enabled: None)
+
+        def set_floor(enabled: bool) -> None:
+            config.nonstream = floor.nonstream if enabled else calls.nonstream
+            config.stream = floor.stream if enabled else calls.stream
+
+        config.set_enabled = set_floor
+        return config
+    switch = Switch()
     if name == "B":
         instrument_ours(providers)
     elif name == "C":
@@ -317,9 +382,7 @@ def setup_config(name: str, payloads: Payloads) -> tuple[Callable[[], Any], Call
         instrument_ours(providers, mode="auto")
     elif name == "D":
         instrument_openai_v2(providers)
-    elif name == "E":
-        floor = Floor(providers, calls)
-        return floor.nonstream, floor.stream, providers
     else:
         raise ValueError(f"unknown configuration {name!r}")
-    return calls.nonstream, calls.stream, providers
+    switch.instrumented()
+    return Configuration(calls.nonstream, calls.stream, providers, switch.set)

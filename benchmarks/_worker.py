@@ -36,10 +36,13 @@ class Worker:
     def __init__(self, name: str) -> None:
         self.name = name
         self.payloads = load_payloads()
-        self.nonstream, self.stream, self.providers = setup_config(name, self.payloads)
+        self.config = setup_config(name, self.payloads)
+        self.providers = self.config.providers
 
-    def batch(self, kind: str, n: int) -> dict[str, Any]:
-        call = self.nonstream if kind == "nonstream" else self.stream
+    def batch(self, kind: str, n: int, enabled: bool = True) -> dict[str, Any]:
+        config = self.config
+        config.set_enabled(enabled)
+        call = config.nonstream if kind == "nonstream" else config.stream
         process_time_ns = time.process_time_ns
         perf_counter_ns = time.perf_counter_ns
         w0 = perf_counter_ns()
@@ -53,12 +56,14 @@ class Worker:
     def describe(self) -> dict[str, Any]:
         """Spans, span attributes and synchronous histogram records per call, by kind."""
         out: dict[str, Any] = {"config": self.name}
-        chunks = self.stream()
+        config = self.config
+        config.set_enabled(True)
+        chunks = config.stream()
         out["stream_chunks_seen"] = chunks
         p = self.providers
         if p is None:
             return out
-        for kind, call in (("nonstream", self.nonstream), ("stream", self.stream)):
+        for kind, call in (("nonstream", config.nonstream), ("stream", config.stream)):
             p.flush()
             spans0, records0 = p.span_exporter.exported, p.histogram_records()
             call()
@@ -74,7 +79,8 @@ class Worker:
     def memory(self, n: int, warmup: int, method: str) -> dict[str, Any]:
         """Growth over ``n`` non-streaming calls after ``warmup`` calls, collected and
         flushed before each reading."""
-        call = self.nonstream
+        self.config.set_enabled(True)
+        call = self.config.nonstream
         for _ in range(warmup):
             call()
         self._settle()
@@ -112,7 +118,7 @@ def main() -> int:
         if op == "quit":
             break
         if op == "batch":
-            reply = worker.batch(request["kind"], request["n"])
+            reply = worker.batch(request["kind"], request["n"], request.get("enabled", True))
         elif op == "describe":
             reply = worker.describe()
         elif op == "memory":

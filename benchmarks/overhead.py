@@ -25,7 +25,10 @@ wrap classes process-wide), all with real OTel SDK providers — spans through a
 The parent drives one worker at a time, rotating the order every round, so batches of
 all configurations interleave in time; each worker reports the process CPU time
 (``time.process_time_ns``) of its batch divided by the calls in it. Overheads are
-medians over rounds of the paired difference (X - A in the same round).
+medians over rounds of the paired difference between the configuration and the same
+worker with its instrumentation switched off (the instrumentors' class attributes put
+back), batches taken back to back, so neither time drift nor a process's own memory
+layout enters the difference; A is timed in its own never-instrumented worker too.
 
 Figures:
 
@@ -144,18 +147,25 @@ def run_timing(plan: Plan, log: Any) -> tuple[dict[str, dict[str, list[float]]],
         for _ in range(plan.warmup_batches):
             for w in workers.values():
                 for kind, n in sizes.items():
-                    w.ask({"op": "batch", "kind": kind, "n": n})
-        samples: dict[str, dict[str, list[float]]] = {
-            name: {"nonstream": [], "stream": []} for name in ORDER
+                    for enabled in (False, True):
+                        w.ask({"op": "batch", "kind": kind, "n": n, "enabled": enabled})
+        # samples[name][kind][state]: "on" is the configuration, "off" the same worker
+        # with its instrumentation switched off (the bare SDK in the same process).
+        samples: dict[str, dict[str, dict[str, list[float]]]] = {
+            name: {kind: {"on": [], "off": []} for kind in sizes} for name in ORDER
         }
         for r in range(plan.rounds):
             order = ORDER[r % len(ORDER) :] + ORDER[: r % len(ORDER)]
             if r % 2:
                 order = order[::-1]
+            states = ("on", "off") if r % 2 else ("off", "on")
             for kind, n in sizes.items():
                 for name in order:
-                    reply = workers[name].ask({"op": "batch", "kind": kind, "n": n})
-                    samples[name][kind].append(reply["cpu_ns"] / 1000.0)
+                    for state in states if name != "A" else ("on",):
+                        reply = workers[name].ask(
+                            {"op": "batch", "kind": kind, "n": n, "enabled": state == "on"}
+                        )
+                        samples[name][kind][state].append(reply["cpu_ns"] / 1000.0)
             if log and (r + 1) % max(1, plan.rounds // 4) == 0:
                 print(f"  timing: round {r + 1}/{plan.rounds}", file=log, flush=True)
     finally:
@@ -199,16 +209,21 @@ def _pkg(name: str) -> str | None:
 
 
 def summarise(
-    samples: dict[str, dict[str, list[float]]], chunks: int
+    samples: dict[str, dict[str, dict[str, list[float]]]], chunks: int
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
-    """Medians per config/kind, and paired overheads (median over rounds of X - A)."""
-    med = {n: {k: statistics.median(v) for k, v in kinds.items()} for n, kinds in samples.items()}
+    """Medians per config/kind, and overheads: the median over rounds of (on - off) in
+    the same worker process, so a process's own memory layout cancels out."""
+    med = {
+        n: {k: statistics.median(v["on"]) for k, v in kinds.items()} for n, kinds in samples.items()
+    }
     over: dict[str, dict[str, float]] = {}
     for name in ORDER[1:]:
         over[name] = {}
         for kind in ("nonstream", "stream"):
-            diffs = [x - a for x, a in zip(samples[name][kind], samples["A"][kind], strict=True)]
+            pairs = samples[name][kind]
+            diffs = [x - a for x, a in zip(pairs["on"], pairs["off"], strict=True)]
             over[name][kind] = statistics.median(diffs)
+            over[name][f"{kind}_off"] = statistics.median(pairs["off"])
         over[name]["per_chunk"] = (over[name]["stream"] - over[name]["nonstream"]) / chunks
     return med, over
 
@@ -326,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     print(
-        "Client CPU per call, median of interleaved batches (µs); '+' columns are the "
-        "median paired difference against A"
+        "Client CPU per call, median of interleaved batches (µs); '+' columns: median of "
+        "(on - off) in the same worker, off = instrumentation switched off"
     )
     print(render_table(med, over, described, chunks))
     print(

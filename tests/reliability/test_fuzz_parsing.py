@@ -381,8 +381,8 @@ def sse_variants(draw: Callable[[Any], Any], chunks: list[Any]) -> tuple[str, bo
             body = events[i][6:]
             cut = body.find(",") + 1 or len(body)
             events[i] = f"data: {body[:cut]}\ndata: {body[cut:]}"
-        elif kind == "crlf":
-            events = [e.replace("\n", "\r\n") for e in events]
+        elif kind == "crlf":  # CRLF line ends (once: a lone CR also ends a line)
+            events = [e.replace("\r\n", "\n").replace("\n", "\r\n") for e in events]
         elif kind == "truncate":
             same = False
             text = "\n\n".join(events)

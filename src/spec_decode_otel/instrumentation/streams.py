@@ -27,27 +27,6 @@ from spec_decode_otel.instrumentation.call import ABANDONED, Call, report_intern
 KEEP_CHUNKS = 32
 
 
-def _plain(chunk: Any) -> bool:
-    """A chunk with one choice at index 0, no finish reason, no usage and no non-standard
-    fields (nearly every chunk of a stream): nothing in it for adapters to read.
-
-    False for anything else, including objects that are not the SDK's pydantic models,
-    which then take ``observe``'s general path. ``_iterate`` inlines this test.
-    """
-    try:
-        choices = chunk.choices
-        return (
-            chunk.usage is None
-            and len(choices) == 1
-            and not chunk.__pydantic_extra__
-            and (choice := choices[0]).finish_reason is None
-            and not choice.index
-            and not choice.__pydantic_extra__
-        )
-    except Exception:
-        return False
-
-
 class _StreamObserver:
     """What a stream proxy collects; shared by the sync and async proxies."""
 
@@ -64,8 +43,23 @@ class _StreamObserver:
 
     def observe(self, chunk: Any) -> bool:
         """Note ``chunk``; True when the user must not see it (our injected usage chunk)."""
-        if self.first_at is not None and _plain(chunk):
-            return False
+        if self.first_at is not None:
+            # Fast path for a plain content chunk: one choice at index 0, no finish reason,
+            # no usage, no non-standard fields (nearly every chunk): nothing to note. Any
+            # other chunk, or an object that is not the SDK's pydantic model, goes on.
+            try:
+                choices = chunk.choices
+                if (
+                    chunk.usage is None
+                    and len(choices) == 1
+                    and not chunk.__pydantic_extra__
+                    and (choice := choices[0]).finish_reason is None
+                    and not choice.index
+                    and not choice.__pydantic_extra__
+                ):
+                    return False
+            except Exception:
+                pass
         try:
             if self.first_at is None:
                 self.first_at = time.perf_counter()
@@ -119,7 +113,7 @@ def _iterate(proxy: Any, wrapped: Any, observer: _StreamObserver) -> Iterator[An
                     yield chunk
                 break
         for chunk in chunks:
-            # _plain(chunk), inlined: the per-chunk cost is mostly function calls.
+            # observe()'s fast path, inlined: per chunk, a call costs more than the test.
             try:
                 choices = chunk.choices
                 plain = (

@@ -42,12 +42,14 @@ class Payloads:
     stream_type: str
     stream_chunks: int
     stream_content_chunks: int
+    stream_short: bytes
+    stream_short_chunks: int
     model: str
 
 
 def load_payloads(data: Path = DATA) -> Payloads:
     manifest = json.loads((data / "manifest.json").read_text())
-    ns, st = manifest["nonstream"], manifest["stream"]
+    ns, st, short = manifest["nonstream"], manifest["stream"], manifest["stream_short"]
     return Payloads(
         nonstream=(data / ns["file"]).read_bytes(),
         nonstream_type=ns["content_type"],
@@ -55,6 +57,8 @@ def load_payloads(data: Path = DATA) -> Payloads:
         stream_type=st["content_type"],
         stream_chunks=st["chunks"],
         stream_content_chunks=st["content_chunks"],
+        stream_short=(data / short["file"]).read_bytes(),
+        stream_short_chunks=short["chunks"],
         model=manifest["model"],
     )
 
@@ -77,31 +81,52 @@ def replay_client(body: bytes, content_type: str) -> Any:
     )
 
 
+#: What a batch times: a non-streaming call, the long stream, the short stream.
+KINDS = ("nonstream", "stream", "stream_short")
+
+
 class Calls:
-    """The two calls every configuration times, on two replaying clients."""
+    """The calls every configuration times, each on its own replaying client."""
 
     def __init__(self, payloads: Payloads) -> None:
         self.payloads = payloads
         self.model = payloads.model
         self.nonstream_client = replay_client(payloads.nonstream, payloads.nonstream_type)
         self.stream_client = replay_client(payloads.stream, payloads.stream_type)
+        self.stream_short_client = replay_client(payloads.stream_short, payloads.stream_type)
 
     def nonstream(self) -> Any:
         return self.nonstream_client.chat.completions.create(
             model=self.model, messages=MESSAGES, max_tokens=256
         )
 
-    def stream(self) -> int:
-        n = 0
-        for _chunk in self.stream_client.chat.completions.create(
+    def open_stream(self, client: Any) -> Any:
+        return client.chat.completions.create(
             model=self.model,
             messages=MESSAGES,
             max_tokens=512,
             stream=True,
             stream_options={"include_usage": True},
-        ):
+        )
+
+    def stream(self) -> int:
+        n = 0
+        for _chunk in self.open_stream(self.stream_client):
             n += 1
         return n
+
+    def stream_short(self) -> int:
+        n = 0
+        for _chunk in self.open_stream(self.stream_short_client):
+            n += 1
+        return n
+
+    def by_kind(self) -> dict[str, Callable[[], Any]]:
+        return {
+            "nonstream": self.nonstream,
+            "stream": self.stream,
+            "stream_short": self.stream_short,
+        }
 
 
 # -- real OpenTelemetry SDK providers that drop what they produce -------------------------
@@ -285,23 +310,24 @@ class Floor:
         self._finish(span, started, None)
         return result
 
-    def stream(self) -> int:
+    def _stream(self, client: Any) -> int:
         span = self.tracer.start_span(self.name, kind=self._kind, attributes=self.start_attrs)
         started = time.perf_counter()
         first_at = None
         n = 0
-        for _chunk in self.calls.stream_client.chat.completions.create(
-            model=self.calls.model,
-            messages=MESSAGES,
-            max_tokens=512,
-            stream=True,
-            stream_options={"include_usage": True},
-        ):
+        for _chunk in self.calls.open_stream(client):
             if first_at is None:
                 first_at = time.perf_counter()
             n += 1
         self._finish(span, started, first_at)
         return n
+
+    def by_kind(self) -> dict[str, Callable[[], Any]]:
+        return {
+            "nonstream": self.nonstream,
+            "stream": lambda: self._stream(self.calls.stream_client),
+            "stream_short": lambda: self._stream(self.calls.stream_short_client),
+        }
 
 
 #: The class attributes instrumentors replace (sync paths only: the benchmark is sync).
@@ -351,10 +377,9 @@ class Switch:
 
 @dataclass
 class Configuration:
-    """One configuration's two calls, its providers, and a switch back to the bare SDK."""
+    """One configuration's calls (by kind), providers, and a switch back to the bare SDK."""
 
-    nonstream: Callable[[], Any]
-    stream: Callable[[], Any]
+    calls: dict[str, Callable[[], Any]]
     providers: Providers | None
     set_enabled: Callable[[bool], None]
 
@@ -362,15 +387,14 @@ class Configuration:
 def setup_config(name: str, payloads: Payloads) -> Configuration:
     calls = Calls(payloads)
     if name == "A":
-        return Configuration(calls.nonstream, calls.stream, None, lambda enabled: None)
+        return Configuration(calls.by_kind(), None, lambda enabled: None)
     providers = Providers()
     if name == "E":
         floor = Floor(providers, calls)
-        config = Configuration(floor.nonstream, floor.stream, providers, lambda enabled: None)
+        config = Configuration(floor.by_kind(), providers, lambda enabled: None)
 
         def set_floor(enabled: bool) -> None:
-            config.nonstream = floor.nonstream if enabled else calls.nonstream
-            config.stream = floor.stream if enabled else calls.stream
+            config.calls = floor.by_kind() if enabled else calls.by_kind()
 
         config.set_enabled = set_floor
         return config
@@ -385,4 +409,4 @@ def setup_config(name: str, payloads: Payloads) -> Configuration:
     else:
         raise ValueError(f"unknown configuration {name!r}")
     switch.instrumented()
-    return Configuration(calls.nonstream, calls.stream, providers, switch.set)
+    return Configuration(calls.by_kind(), providers, switch.set)

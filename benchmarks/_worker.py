@@ -7,8 +7,8 @@ Each worker measures its own process CPU time (``time.process_time_ns``: every t
 the process, so the span processor's export thread counts too).
 
 Protocol: one JSON object per line each way. Requests: ``{"op": "batch", "kind":
-"nonstream"|"stream", "n": N}``, ``{"op": "describe"}``, ``{"op": "memory", "n": N,
-"warmup": W, "method": "rss"|"tracemalloc"}``, ``{"op": "quit"}``.
+"nonstream"|"stream"|"stream_short", "n": N, "enabled": bool}``, ``{"op": "describe"}``,
+``{"op": "memory", "n": N, "warmup": W, "method": "rss"|"tracemalloc"}``, ``{"op": "quit"}``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Worker:
     def batch(self, kind: str, n: int, enabled: bool = True) -> dict[str, Any]:
         config = self.config
         config.set_enabled(enabled)
-        call = config.nonstream if kind == "nonstream" else config.stream
+        call = config.calls[kind]
         process_time_ns = time.process_time_ns
         perf_counter_ns = time.perf_counter_ns
         w0 = perf_counter_ns()
@@ -58,12 +58,12 @@ class Worker:
         out: dict[str, Any] = {"config": self.name}
         config = self.config
         config.set_enabled(True)
-        chunks = config.stream()
-        out["stream_chunks_seen"] = chunks
+        out["stream_chunks_seen"] = config.calls["stream"]()
+        out["stream_short_chunks_seen"] = config.calls["stream_short"]()
         p = self.providers
         if p is None:
             return out
-        for kind, call in (("nonstream", config.nonstream), ("stream", config.stream)):
+        for kind, call in config.calls.items():
             p.flush()
             spans0, records0 = p.span_exporter.exported, p.histogram_records()
             call()
@@ -80,7 +80,7 @@ class Worker:
         """Growth over ``n`` non-streaming calls after ``warmup`` calls, collected and
         flushed before each reading."""
         self.config.set_enabled(True)
-        call = self.config.nonstream
+        call = self.config.calls["nonstream"]
         for _ in range(warmup):
             call()
         self._settle()

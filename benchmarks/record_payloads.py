@@ -12,6 +12,9 @@ and records, byte for byte, what it answers to two chat requests:
   ``STREAM_CONTENT_CHUNKS`` content chunks (the simulator sends one per verify step), plus
   the role chunk, the finish_reason chunk and the usage chunk that carries the stats
   (``stream_options.include_usage``), then ``[DONE]``;
+- ``benchmarks/data/chat_stream_short.sse``: the same request cut short, with
+  ``STREAM_SHORT_CONTENT_CHUNKS`` content chunks: the long and the short stream differ
+  only in their number of chunks, so their cost difference is the per-chunk cost;
 - ``benchmarks/data/manifest.json``: how they were made, and their chunk counts.
 
 The seed is fixed per request (``x-sim-seed``), so re-recording reproduces the files.
@@ -34,6 +37,7 @@ K = 4
 ALPHA = 0.7
 SEED = 7
 STREAM_CONTENT_CHUNKS = 100
+STREAM_SHORT_CONTENT_CHUNKS = 5
 NONSTREAM_MAX_TOKENS = 256
 MESSAGES = [{"role": "user", "content": "Summarise speculative decoding in two paragraphs."}]
 
@@ -67,6 +71,43 @@ def content_chunks(chunks: list[dict[str, Any]]) -> int:
     )
 
 
+def _record_stream(base: str, out: Path, name: str, content: int) -> dict[str, Any]:
+    """Record a streaming chat completion with exactly ``content`` content chunks.
+
+    One content chunk per verify step, and tokens per step vary: search ``max_tokens``
+    upward until the stream has that many.
+    """
+    for max_tokens in range(content, content * (K + 1) + 1):
+        body, headers = _post(
+            base,
+            {
+                "model": MODEL,
+                "messages": MESSAGES,
+                "max_tokens": max_tokens,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+            SEED,
+        )
+        chunks = sse_chunks(body)
+        if content_chunks(chunks) == content:
+            break
+    else:  # pragma: no cover - the simulator's lengths make this unreachable
+        raise SystemExit(f"no max_tokens gave {content} content chunks")
+    (out / name).write_bytes(body)
+    usage_chunk = chunks[-1]
+    return {
+        "file": name,
+        "content_type": headers.get("content-type", "text/event-stream"),
+        "bytes": len(body),
+        "max_tokens": max_tokens,
+        "chunks": len(chunks),
+        "content_chunks": content,
+        "completion_tokens": usage_chunk["usage"]["completion_tokens"],
+        "num_spec_steps": usage_chunk["metrics"]["speculative_decoding"]["num_spec_steps"],
+    }
+
+
 def record(out: Path) -> dict[str, Any]:
     config = SimulatorConfig(
         engine="vllm", level="detailed", k=K, alpha=ALPHA, seed=SEED, max_length=4096
@@ -91,38 +132,8 @@ def record(out: Path) -> dict[str, Any]:
             "num_spec_steps": stats["num_spec_steps"],
         }
 
-        # One content chunk per verify step: find the max_tokens that yields exactly
-        # STREAM_CONTENT_CHUNKS of them (tokens per step vary, so search upward).
-        stream_body = b""
-        for max_tokens in range(STREAM_CONTENT_CHUNKS, STREAM_CONTENT_CHUNKS * (K + 1) + 1):
-            stream_body, headers = _post(
-                base,
-                {
-                    "model": MODEL,
-                    "messages": MESSAGES,
-                    "max_tokens": max_tokens,
-                    "stream": True,
-                    "stream_options": {"include_usage": True},
-                },
-                SEED,
-            )
-            chunks = sse_chunks(stream_body)
-            if content_chunks(chunks) == STREAM_CONTENT_CHUNKS:
-                break
-        else:  # pragma: no cover - the simulator's lengths make this unreachable
-            raise SystemExit(f"no max_tokens gave {STREAM_CONTENT_CHUNKS} content chunks")
-        (out / "chat_stream.sse").write_bytes(stream_body)
-        usage_chunk = chunks[-1]
-        stream_meta = {
-            "file": "chat_stream.sse",
-            "content_type": headers.get("content-type", "text/event-stream"),
-            "bytes": len(stream_body),
-            "max_tokens": max_tokens,
-            "chunks": len(chunks),
-            "content_chunks": STREAM_CONTENT_CHUNKS,
-            "completion_tokens": usage_chunk["usage"]["completion_tokens"],
-            "num_spec_steps": usage_chunk["metrics"]["speculative_decoding"]["num_spec_steps"],
-        }
+        stream_meta = _record_stream(base, out, "chat_stream.sse", STREAM_CONTENT_CHUNKS)
+        short_meta = _record_stream(base, out, "chat_stream_short.sse", STREAM_SHORT_CONTENT_CHUNKS)
     manifest = {
         "recorded_with": "benchmarks/record_payloads.py",
         "simulator": {
@@ -135,6 +146,7 @@ def record(out: Path) -> dict[str, Any]:
         "model": MODEL,
         "nonstream": nonstream_meta,
         "stream": stream_meta,
+        "stream_short": short_meta,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

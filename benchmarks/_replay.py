@@ -31,6 +31,11 @@ CONFIGS: dict[str, tuple[str, str]] = {
     "C": ("ours enrich + openai-v2", "openai-v2 span, spec_decode_otel enriching it"),
     "D": ("openai-v2", "opentelemetry-instrumentation-openai-v2 alone"),
     "E": ("floor", "SDK call + one bare span (same attribute count) + same metric records"),
+    "F": (
+        "genai-openai",
+        "opentelemetry-instrumentation-genai-openai alone (own venv: it needs a newer "
+        "opentelemetry-util-genai than openai-v2 can import)",
+    ),
 }
 
 
@@ -222,6 +227,18 @@ def instrument_ours(providers: Providers, **settings: Any) -> None:
     )
 
 
+def instrument_genai_openai(providers: Providers) -> None:
+    from opentelemetry.instrumentation.genai.openai import (  # type: ignore[import-not-found]
+        OpenAIInstrumentor,
+    )
+
+    OpenAIInstrumentor().instrument(
+        tracer_provider=providers.tracer_provider,
+        meter_provider=providers.meter_provider,
+        logger_provider=providers.logger_provider,
+    )
+
+
 def instrument_openai_v2(providers: Providers) -> None:
     from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
 
@@ -406,6 +423,8 @@ def setup_config(name: str, payloads: Payloads) -> Configuration:
         instrument_ours(providers, mode="auto")
     elif name == "D":
         instrument_openai_v2(providers)
+    elif name == "F":
+        instrument_genai_openai(providers)
     else:
         raise ValueError(f"unknown configuration {name!r}")
     switch.instrumented()

@@ -59,6 +59,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -72,6 +73,9 @@ from _replay import CONFIGS, load_payloads  # noqa: E402
 
 DEFAULT_PNG = HERE / "out" / "overhead.png"
 ORDER = ("A", "B", "C", "D", "E")
+NAMES: tuple[str, ...] = ORDER
+#: The interpreter of each configuration's worker (the default: this one).
+PYTHONS: dict[str, str] = {}
 TARGETS = {
     "overhead_vs_openai_v2": 0.5,
     "overhead_vs_floor": 1.5,
@@ -102,7 +106,7 @@ class WorkerProcess:
     def __init__(self, name: str) -> None:
         self.name = name
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "_worker.py"), name],
+            [PYTHONS.get(name, sys.executable), str(HERE / "_worker.py"), name],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -147,7 +151,7 @@ def start_workers(names: tuple[str, ...]) -> dict[str, WorkerProcess]:
 
 def run_timing(plan: Plan, log: Any) -> tuple[dict[str, dict[str, list[float]]], dict[str, Any]]:
     """CPU µs per call, per configuration and kind, one entry per round."""
-    workers = start_workers(ORDER)
+    workers = start_workers(NAMES)
     try:
         described = {name: w.ask({"op": "describe"}) for name, w in workers.items()}
         sizes = {
@@ -163,10 +167,10 @@ def run_timing(plan: Plan, log: Any) -> tuple[dict[str, dict[str, list[float]]],
         # samples[name][kind][state]: "on" is the configuration, "off" the same worker
         # with its instrumentation switched off (the bare SDK in the same process).
         samples: dict[str, dict[str, dict[str, list[float]]]] = {
-            name: {kind: {"on": [], "off": []} for kind in sizes} for name in ORDER
+            name: {kind: {"on": [], "off": []} for kind in sizes} for name in NAMES
         }
         for r in range(plan.rounds):
-            order = ORDER[r % len(ORDER) :] + ORDER[: r % len(ORDER)]
+            order = NAMES[r % len(NAMES) :] + NAMES[: r % len(NAMES)]
             if r % 2:
                 order = order[::-1]
             states = ("on", "off") if r % 2 else ("off", "on")
@@ -228,7 +232,7 @@ def summarise(
         n: {k: statistics.median(v["on"]) for k, v in kinds.items()} for n, kinds in samples.items()
     }
     over: dict[str, dict[str, float]] = {}
-    for name in ORDER[1:]:
+    for name in NAMES[1:]:
         over[name] = {}
         for kind in ("nonstream", "stream", "stream_short"):
             pairs = samples[name][kind]
@@ -255,7 +259,7 @@ def render_table(
         f"{'spans':>6}{'attrs':>6}{'records':>8}"
     )
     lines = [head, "-" * len(head)]
-    for name in ORDER:
+    for name in NAMES:
         label = f"{name} {CONFIGS[name][0]}"
         o = over.get(name)
         d = described.get(name, {}).get("nonstream", {})
@@ -278,10 +282,10 @@ def write_png(path: Path, over: dict[str, dict[str, float]], med: dict[str, Any]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(ORDER[1:])
-    labels = [f"{n}\n{CONFIGS[n][0]}" for n in names]
+    names = list(NAMES[1:])
+    labels = [f"{n}\n" + "\n".join(textwrap.wrap(CONFIGS[n][0], 12)) for n in names]
     colors = ["#d62728" if n in ("B", "C") else "#7f7f7f" for n in names]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     vals = [over[n]["nonstream"] for n in names]
     ax1.bar(labels, vals, color=colors)
     ax1.set_ylabel("extra client CPU per call (µs)")
@@ -313,7 +317,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--png", type=Path, default=DEFAULT_PNG, help="bar chart path")
     parser.add_argument("--rounds", type=int, help="override the number of timing rounds")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory run")
+    parser.add_argument(
+        "--genai-openai-python",
+        metavar="PYTHON",
+        help="also time opentelemetry-instrumentation-genai-openai (config F) in this "
+        "interpreter: a venv with it and its opentelemetry-util-genai installed (they "
+        "cannot share an environment with openai-v2 2.4b0)",
+    )
     args = parser.parse_args(argv)
+    global NAMES
+    NAMES = ORDER
+    if args.genai_openai_python:
+        PYTHONS["F"] = args.genai_openai_python
+        NAMES = (*ORDER, "F")
     plan = QUICK if args.quick else FULL
     if args.rounds:
         plan = Plan(**{**plan.__dict__, "rounds": args.rounds})
@@ -323,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     log = sys.stderr
     print(
-        f"timing {len(ORDER)} configurations, {plan.rounds} interleaved rounds "
+        f"timing {len(NAMES)} configurations, {plan.rounds} interleaved rounds "
         f"({plan.nonstream_batch} non-streaming calls, {plan.stream_batch} long or "
         f"{plan.stream_short_batch} short streams per batch, each on and off)",
         file=log,
@@ -371,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "per chunk, (stream +µs - non-stream +µs) / "
         f"{chunks}: "
-        + ", ".join(f"{n} {over[n]['per_chunk_vs_nonstream']:+.2f}" for n in ORDER[1:])
+        + ", ".join(f"{n} {over[n]['per_chunk_vs_nonstream']:+.2f}" for n in NAMES[1:])
     )
     if memory:
         how = (
@@ -390,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key}: {shown}")
     print()
     print(f"stream_us_per_chunk_vs_nonstream: {b['per_chunk_vs_nonstream']:.3f}")
+    if "F" in over and over["F"]["nonstream"]:
+        print(f"overhead_vs_genai_openai: {b['nonstream'] / over['F']['nonstream']:.3f}")
     print()
     for key, value in figures.items():
         verdict = "not measured" if value is None else "met" if value <= TARGETS[key] else "MISSED"
@@ -414,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{MEMORY_CALLS // plan.memory_calls} (extrapolated)"
             ),
         },
-        "configs": {n: {"label": CONFIGS[n][0], "description": CONFIGS[n][1]} for n in ORDER},
+        "configs": {n: {"label": CONFIGS[n][0], "description": CONFIGS[n][1]} for n in NAMES},
         "median_us_per_call": med,
         "overhead_us": over,
         "described": described,

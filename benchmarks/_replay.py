@@ -166,7 +166,7 @@ class Providers:
     """TracerProvider (BatchSpanProcessor → dropping exporter), MeterProvider (a reader
     that is never collected while timing), LoggerProvider (batch → dropping exporter)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sync_spans: bool = False) -> None:
         from opentelemetry.sdk._logs import LoggerProvider
         from opentelemetry.sdk._logs.export import (
             BatchLogRecordProcessor,
@@ -176,7 +176,7 @@ class Providers:
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
         class DroppingLogExporter(LogRecordExporter):  # type: ignore[misc]
             def export(self, batch: Any) -> Any:
@@ -190,7 +190,11 @@ class Providers:
 
         self.span_exporter = DroppingSpanExporter()
         self.tracer_provider = TracerProvider()
-        self.tracer_provider.add_span_processor(BatchSpanProcessor(self.span_exporter))
+        # sync_spans (the memory run): each span handed to the dropping exporter as it
+        # ends, so no export queue (bounded at 2,048 spans, filled faster than a starved
+        # export thread drains it) moves the RSS high-water mark during the run.
+        processor = SimpleSpanProcessor if sync_spans else BatchSpanProcessor
+        self.tracer_provider.add_span_processor(processor(self.span_exporter))
         self.metric_reader = InMemoryMetricReader()
         self.meter_provider = MeterProvider(metric_readers=[self.metric_reader])
         self.logger_provider = LoggerProvider()
@@ -401,11 +405,11 @@ class Configuration:
     set_enabled: Callable[[bool], None]
 
 
-def setup_config(name: str, payloads: Payloads) -> Configuration:
+def setup_config(name: str, payloads: Payloads, sync_spans: bool = False) -> Configuration:
     calls = Calls(payloads)
     if name == "A":
         return Configuration(calls.by_kind(), None, lambda enabled: None)
-    providers = Providers()
+    providers = Providers(sync_spans)
     if name == "E":
         floor = Floor(providers, calls)
         config = Configuration(floor.by_kind(), providers, lambda enabled: None)

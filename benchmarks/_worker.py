@@ -33,10 +33,10 @@ def _rss_bytes() -> int:
 
 
 class Worker:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, sync_spans: bool = False) -> None:
         self.name = name
         self.payloads = load_payloads()
-        self.config = setup_config(name, self.payloads)
+        self.config = setup_config(name, self.payloads, sync_spans)
         self.providers = self.config.providers
 
     def batch(self, kind: str, n: int, enabled: bool = True) -> dict[str, Any]:
@@ -108,7 +108,7 @@ class Worker:
 
 def main() -> int:
     name = sys.argv[1]
-    worker = Worker(name)
+    worker = Worker(name, sync_spans="--sync-spans" in sys.argv[2:])
     out = sys.stdout
     out.write(json.dumps({"ready": name, "pid": os.getpid()}) + "\n")
     out.flush()

@@ -45,9 +45,12 @@ Figures:
                              extra fixed work (its proxy, time-to-first-chunk record,
                              colder caches after 103 chunks) to the chunks
   parse_us_10k_steps         from benchmarks/parse_bench.py
-  rss_growth_mb_100k_calls   RSS growth of config B over 100,000 non-streaming calls
-                             (after warm-up, flushed and collected before each reading);
-                             --quick: tracemalloc growth over fewer calls, scaled to 100k
+  rss_growth_mb_100k_calls   RSS growth of a fresh config-B worker over 100,000
+                             non-streaming calls after 5,000 warm-up calls, collected
+                             before each reading; spans go synchronously to the dropping
+                             exporter there (a batch processor's bounded queue would move
+                             the RSS high-water mark with the export thread's scheduling);
+                             --quick: tracemalloc growth over 1,500 calls, scaled to 100k
 """
 
 from __future__ import annotations
@@ -92,21 +95,22 @@ class Plan:
     nonstream_batch: int
     stream_batch: int
     stream_short_batch: int
+    stream_pairs: int  # on/off pairs of long-stream batches per round and worker
     warmup_batches: int
     memory_method: str
     memory_calls: int
     memory_warmup: int
 
 
-FULL = Plan(40, 300, 15, 120, 2, "rss", MEMORY_CALLS, 2000)
-QUICK = Plan(8, 80, 3, 25, 1, "tracemalloc", 1500, 300)
+FULL = Plan(40, 300, 8, 120, 4, 2, "rss", MEMORY_CALLS, 5000)
+QUICK = Plan(10, 80, 3, 25, 3, 1, "tracemalloc", 1500, 300)
 
 
 class WorkerProcess:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *flags: str) -> None:
         self.name = name
         self.proc = subprocess.Popen(
-            [PYTHONS.get(name, sys.executable), str(HERE / "_worker.py"), name],
+            [PYTHONS.get(name, sys.executable), str(HERE / "_worker.py"), name, *flags],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -142,8 +146,8 @@ class WorkerProcess:
             self.proc.kill()
 
 
-def start_workers(names: tuple[str, ...]) -> dict[str, WorkerProcess]:
-    workers = {name: WorkerProcess(name) for name in names}
+def start_workers(names: tuple[str, ...], *flags: str) -> dict[str, WorkerProcess]:
+    workers = {name: WorkerProcess(name, *flags) for name in names}
     for worker in workers.values():
         worker.wait_ready()
     return workers
@@ -173,14 +177,17 @@ def run_timing(plan: Plan, log: Any) -> tuple[dict[str, dict[str, list[float]]],
             order = NAMES[r % len(NAMES) :] + NAMES[: r % len(NAMES)]
             if r % 2:
                 order = order[::-1]
-            states = ("on", "off") if r % 2 else ("off", "on")
             for kind, n in sizes.items():
+                pairs = plan.stream_pairs if kind == "stream" else 1
                 for name in order:
-                    for state in states if name != "A" else ("on",):
-                        reply = workers[name].ask(
-                            {"op": "batch", "kind": kind, "n": n, "enabled": state == "on"}
-                        )
-                        samples[name][kind][state].append(reply["cpu_ns"] / 1000.0)
+                    for pair in range(pairs):
+                        # on/off order alternates by round and by pair
+                        states = ("on", "off") if (r + pair) % 2 else ("off", "on")
+                        for state in states if name != "A" else ("on",):
+                            reply = workers[name].ask(
+                                {"op": "batch", "kind": kind, "n": n, "enabled": state == "on"}
+                            )
+                            samples[name][kind][state].append(reply["cpu_ns"] / 1000.0)
             if log and (r + 1) % max(1, plan.rounds // 4) == 0:
                 print(f"  timing: round {r + 1}/{plan.rounds}", file=log, flush=True)
     finally:
@@ -191,7 +198,7 @@ def run_timing(plan: Plan, log: Any) -> tuple[dict[str, dict[str, list[float]]],
 
 def run_memory(plan: Plan) -> dict[str, dict[str, Any]]:
     """Growth over ``plan.memory_calls`` non-streaming calls for A and B (in parallel)."""
-    workers = start_workers(("A", "B"))
+    workers = start_workers(("A", "B"), "--sync-spans")
     try:
         for w in workers.values():
             w.send(
@@ -340,8 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     log = sys.stderr
     print(
         f"timing {len(NAMES)} configurations, {plan.rounds} interleaved rounds "
-        f"({plan.nonstream_batch} non-streaming calls, {plan.stream_batch} long or "
-        f"{plan.stream_short_batch} short streams per batch, each on and off)",
+        f"({plan.nonstream_batch} non-streaming calls, {plan.stream_pairs} x "
+        f"{plan.stream_batch} long or {plan.stream_short_batch} short streams per batch, "
+        "each on and off)",
         file=log,
         flush=True,
     )
@@ -426,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
             "stream_us_per_chunk_vs_nonstream": "((B-A)_stream - (B-A)_nonstream) / chunks",
             "parse_us_10k_steps": "benchmarks/parse_bench.py",
             "rss_growth_mb_100k_calls": (
-                "config B, RSS growth over 100k non-streaming calls"
+                "config B (spans exported synchronously to a dropping exporter), RSS growth "
+                "over 100k non-streaming calls after 5k warm-up calls"
                 if plan.memory_method == "rss"
                 else f"config B, tracemalloc growth over {plan.memory_calls} calls x "
                 f"{MEMORY_CALLS // plan.memory_calls} (extrapolated)"

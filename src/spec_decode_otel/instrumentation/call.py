@@ -214,10 +214,15 @@ class Call:
         else:
             attrs[GEN_AI_RESPONSE_MODEL] = response_model
         series = self.metric_attributes.for_response(response_model)
+        # Counts that fail _is_count are absent, for the span and the metrics alike.
         if _is_count(input_tokens):
             attrs[GEN_AI_USAGE_INPUT_TOKENS] = input_tokens
+        else:
+            input_tokens = None
         if _is_count(output_tokens):
             attrs[GEN_AI_USAGE_OUTPUT_TOKENS] = output_tokens
+        else:
+            output_tokens = None
         reasons = [r for r in finish_reasons if isinstance(r, str)]
         if reasons:
             attrs[GEN_AI_RESPONSE_FINISH_REASONS] = reasons
@@ -262,9 +267,9 @@ class Call:
         if first_chunk_at is not None:
             telemetry.time_to_first_chunk.record(first_chunk_at - self.start, attrs, context=ctx)
         # Token usage carries the token type, not error.type (as before an error).
-        if _is_count(input_tokens):
+        if input_tokens is not None:  # already checked by _end
             telemetry.token_usage.record(input_tokens, series.input_attrs, context=ctx)
-        if _is_count(output_tokens):
+        if output_tokens is not None:
             telemetry.token_usage.record(output_tokens, series.output_attrs, context=ctx)
 
     def _end_span_safely(self) -> None:

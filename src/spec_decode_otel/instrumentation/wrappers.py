@@ -77,7 +77,7 @@ class Instrumentation:
             if operation is None:
                 return None
             body = options.json_data
-            if not isinstance(body, Mapping):
+            if type(body) is not dict and not isinstance(body, Mapping):
                 return None
             settings = self.settings
             model = body.get("model")
@@ -286,22 +286,33 @@ _OPENAI_TYPES: tuple[type, ...] = ()
 
 
 def _openai_types() -> tuple[type, ...]:
-    """(LegacyAPIResponse, AsyncAPIResponse, BaseAPIResponse, Stream, AsyncStream),
-    imported on first use (not at import time: ``openai`` is an optional dependency)."""
+    """(LegacyAPIResponse, AsyncAPIResponse, BaseAPIResponse, Stream, AsyncStream,
+    BaseModel), imported on first use (not at import time: ``openai`` is an optional
+    dependency). None of the response or stream classes is a ``BaseModel``."""
     global _OPENAI_TYPES
     if not _OPENAI_TYPES:
-        from openai import AsyncStream, Stream
+        from openai import AsyncStream, BaseModel, Stream
         from openai._legacy_response import LegacyAPIResponse
         from openai._response import AsyncAPIResponse, BaseAPIResponse
 
-        _OPENAI_TYPES = (LegacyAPIResponse, AsyncAPIResponse, BaseAPIResponse, Stream, AsyncStream)
+        _OPENAI_TYPES = (
+            LegacyAPIResponse,
+            AsyncAPIResponse,
+            BaseAPIResponse,
+            Stream,
+            AsyncStream,
+            BaseModel,
+        )
     return _OPENAI_TYPES
 
 
 def wrap_result(call: Call, result: Any, hide_usage: bool) -> Any:
     """What the user gets back: the same object, or a transparent proxy. Never raises."""
     try:
-        LegacyAPIResponse, AsyncAPIResponse, BaseAPIResponse, _, _ = _openai_types()
+        types = _OPENAI_TYPES or _openai_types()
+        if isinstance(result, types[5]):  # a parsed model: the usual non-streaming result
+            return wrap_parsed(call, result, hide_usage)
+        LegacyAPIResponse, AsyncAPIResponse, BaseAPIResponse = types[:3]
         if isinstance(result, LegacyAPIResponse):
             if not getattr(result, "_stream", False):
                 # with_raw_response: the body is already read; parse our own copy so the
@@ -323,7 +334,7 @@ def wrap_result(call: Call, result: Any, hide_usage: bool) -> Any:
 
 def wrap_parsed(call: Call, parsed: Any, hide_usage: bool) -> Any:
     """A parsed body: proxy a stream, or finish the call with the object."""
-    _, _, _, Stream, AsyncStream = _openai_types()
+    Stream, AsyncStream = (_OPENAI_TYPES or _openai_types())[3:5]
     if isinstance(parsed, Stream):
         return SyncStreamProxy(parsed, call, hide_usage)
     if isinstance(parsed, AsyncStream):

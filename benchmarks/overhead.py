@@ -102,7 +102,7 @@ class Plan:
     memory_warmup: int
 
 
-FULL = Plan(40, 300, 8, 120, 4, 2, "rss", MEMORY_CALLS, 5000)
+FULL = Plan(40, 300, 8, 120, 6, 2, "rss", MEMORY_CALLS, 5000)
 QUICK = Plan(10, 80, 3, 25, 3, 1, "tracemalloc", 1500, 300)
 
 

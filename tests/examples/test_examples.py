@@ -27,6 +27,7 @@ import pytest
 from oteltap import OtelTapHttpProtobufReceiver, OtelTapHttpProtobufReceiverSettings
 
 import spec_decode_otel
+from otlp_values import otlp_attributes
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -148,19 +149,6 @@ class Receiver:
                 f"timed out: {len(self.spans)} spans, {len(self.metrics)} metrics"
             )
             await asyncio.sleep(0.05)
-
-
-def span_attributes(span: Any) -> dict[str, Any]:
-    """A protobuf span's attributes as plain values."""
-    out: dict[str, Any] = {}
-    for kv in span.attributes:
-        value = kv.value
-        kind = value.WhichOneof("value")
-        if kind == "array_value":
-            out[kv.key] = [getattr(v, v.WhichOneof("value")) for v in value.array_value.values]
-        else:
-            out[kv.key] = getattr(value, kind)
-    return out
 
 
 async def run_async(argv: Sequence[str], env: dict[str, str]) -> tuple[int, str, str]:
@@ -320,11 +308,11 @@ async def test_zero_code_over_otlp() -> None:
         assert "{" not in out  # nothing on the console: it all went over OTLP
 
         def ours() -> list[dict[str, Any]]:
-            spans = map(span_attributes, receiver.spans)
+            spans = map(otlp_attributes, receiver.spans)
             return [a for a in spans if a.get("spec_decode.engine") == "vllm"]
 
         def spans_without_record() -> int:
-            return sum("spec_decode.engine" not in span_attributes(s) for s in receiver.spans)
+            return sum("spec_decode.engine" not in otlp_attributes(s) for s in receiver.spans)
 
         names = {"spec_decode.acceptance_length", "spec_decode.verify_steps"}
         await receiver.wait_for(
@@ -460,7 +448,7 @@ async def test_to_collector_exports_to_the_configured_endpoint() -> None:
         assert "model llama-3.1-8b-eagle3" in out
 
         def records() -> list[dict[str, Any]]:
-            spans = map(span_attributes, receiver.spans)
+            spans = map(otlp_attributes, receiver.spans)
             return [a for a in spans if "spec_decode.engine" in a]
 
         names = {

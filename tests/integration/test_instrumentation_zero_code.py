@@ -24,6 +24,8 @@ from typing import Any
 
 from oteltap import OtelTapHttpProtobufReceiver, OtelTapHttpProtobufReceiverSettings
 
+from otlp_values import otlp_attributes
+
 HERE = Path(__file__).resolve().parent
 APP = HERE / "zero_code_app.py"
 
@@ -39,19 +41,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_"))}
     env.update(extra)
     return env
-
-
-def attrs_of(item: Any) -> dict[str, Any]:
-    """OTLP KeyValue list → plain dict (ints, doubles, strings, bools, int arrays)."""
-    out: dict[str, Any] = {}
-    for kv in item.attributes:
-        value = kv.value
-        kind = value.WhichOneof("value")
-        if kind == "array_value":
-            out[kv.key] = [getattr(v, v.WhichOneof("value")) for v in value.array_value.values]
-        else:
-            out[kv.key] = getattr(value, kind)
-    return out
 
 
 async def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
@@ -121,7 +110,7 @@ async def test_zero_code_exports_spec_decode_spans_and_metrics(simulator_url: st
     assert len(calls) == 2  # one per call: the JSON one, then the stream
     stats = told["stats"]
     for span in calls:
-        attrs = attrs_of(span)
+        attrs = otlp_attributes(span)
         assert span.kind == span.SPAN_KIND_CLIENT
         assert attrs["gen_ai.operation.name"] == "chat"
         assert attrs["spec_decode.engine"] == "vllm"
@@ -139,10 +128,12 @@ async def test_zero_code_exports_spec_decode_spans_and_metrics(simulator_url: st
     (point,) = length.histogram.data_points
     assert point.count == 2
     assert point.sum == 2 * stats["mean_acceptance_length"]
-    assert attrs_of(point)["spec_decode.engine"] == "vllm"
+    assert otlp_attributes(point)["spec_decode.engine"] == "vllm"
     verify = last("spec_decode.verify_steps")
     assert verify.sum.is_monotonic
-    by_accepted = {attrs_of(p)["spec_decode.accepted"]: p.as_int for p in verify.sum.data_points}
+    by_accepted = {
+        otlp_attributes(p)["spec_decode.accepted"]: p.as_int for p in verify.sum.data_points
+    }
     expected = {j: 2 * c for j, c in enumerate(stats["acceptance_histogram"]) if c}
     assert by_accepted == expected
 

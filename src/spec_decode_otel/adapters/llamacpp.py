@@ -9,7 +9,7 @@ acceptance length, only the counts and the rate they define.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from spec_decode_otel.adapters._fields import (
     build_record,
@@ -21,6 +21,12 @@ from spec_decode_otel.capture import ParsedResponse, is_multi_sequence
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 
 
+def _draft_timings(response: ParsedResponse) -> Mapping[str, Any] | None:
+    """The response's ``timings`` when it carries draft counters (``draft_n``), else None."""
+    timings = response.root.get("timings")
+    return timings if isinstance(timings, Mapping) and "draft_n" in timings else None
+
+
 class LlamaCppAdapter:
     """Maps llama.cpp-style ``timings`` draft counters."""
 
@@ -28,21 +34,14 @@ class LlamaCppAdapter:
 
     @classmethod
     def can_adapt(cls, responses: Sequence[ParsedResponse]) -> bool:
-        for response in responses:
-            timings = response.root.get("timings")
-            if isinstance(timings, Mapping) and "draft_n" in timings:
-                return True
-        return False
+        return any(_draft_timings(response) is not None for response in responses)
 
     @classmethod
     def adapt(cls, responses: Sequence[ParsedResponse]) -> SpecDecodeAcceptanceRecord | None:
         if is_multi_sequence(responses):
             return None
-        for response in reversed(responses):
-            timings = response.root.get("timings")
-            if isinstance(timings, Mapping) and "draft_n" in timings:
-                break
-        else:
+        timings = next(filter(None, map(_draft_timings, reversed(responses))), None)
+        if timings is None:
             return None
         drafted = exact_int(timings.get("draft_n"))
         accepted = exact_int(timings.get("draft_n_accepted"))

@@ -59,6 +59,7 @@ class Call:
         "own_span",
         "per_step_max_length",
         "record_per_step",
+        "requested_sequences",
         "span",
         "start",
         "telemetry",
@@ -73,6 +74,7 @@ class Call:
         genai_metrics: bool,
         record_per_step: bool,
         per_step_max_length: int,
+        requested_sequences: int = 1,
     ) -> None:
         self.telemetry = telemetry
         self.span = span
@@ -81,6 +83,9 @@ class Call:
         self.genai_metrics = genai_metrics
         self.record_per_step = record_per_step
         self.per_step_max_length = per_step_max_length
+        #: The request's ``n`` (1 unless it asked for more): a stream proxy that knows
+        #: the call wants one sequence can skip per-chunk bookkeeping for several.
+        self.requested_sequences = requested_sequences
         self.start = time.perf_counter()
         self._done = False
         self._lock = threading.Lock()

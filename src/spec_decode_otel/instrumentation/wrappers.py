@@ -83,6 +83,8 @@ class Instrumentation:
             model = body.get("model")
             model = model if isinstance(model, str) else None
             streaming = body.get("stream") is True
+            n = body.get("n")
+            sequences = n if type(n) is int and n > 1 else 1
             options, injected_usage = self._amend(options, body, streaming)
 
             host, port = self._server(client)
@@ -123,6 +125,7 @@ class Instrumentation:
                 genai_metrics=genai,
                 record_per_step=settings.record_per_step,
                 per_step_max_length=settings.per_step_max_length,
+                requested_sequences=sequences,
             )
             if settings.inject_traceparent:
                 options = self._inject_traceparent(options, span)

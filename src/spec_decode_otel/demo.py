@@ -283,6 +283,9 @@ def run(args: argparse.Namespace) -> int:
         metric_readers=[reader],
         inject_include_usage=True,
         metric_attributes=("workload",),
+        # The demo stands in for an app with no GenAI instrumentation of its own, and the
+        # dashboard's request-rate and latency panels read these opt-in metrics.
+        genai_metrics=True,
     )
     try:
         with SimulatorServer(config) as simulator:

@@ -4,7 +4,9 @@
   SimpleSpanProcessor) and MeterProvider (InMemoryMetricReader), NOT yet instrumented:
   call ``otel.instrument(**options)`` after any un-instrumented baseline calls. The
   instrumentor is a process-wide singleton, so teardown always uninstruments.
-- ``instrumented``: the same, instrumented with the default options.
+- ``instrumented``: the same, instrumented with every metric on: the defaults plus the
+  opt-in GenAI client metrics, so these tests see all the telemetry a call can emit
+  (what the defaults leave out is pinned by ``test_instrumentation_defaults.py``).
 """
 
 from __future__ import annotations
@@ -31,5 +33,5 @@ def otel() -> Iterator[Otel]:
 
 @pytest.fixture
 def instrumented(otel: Otel) -> Otel:
-    otel.instrument()
+    otel.instrument(genai_metrics=True)
     return otel

@@ -58,18 +58,21 @@ async def run(mode: str, api: str, kwargs: dict[str, Any], sync: Any, async_: An
     return await call_async(async_, api, kwargs)
 
 
+@pytest.mark.parametrize("genai_metrics", [False, True], ids=["default", "genai-opted-in"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_auto_mode_enriches_the_openai_v2_span_and_counts_genai_metrics_once(
     mode: str,
     stream: bool,
+    genai_metrics: bool,
     otel: Otel,
     openai_v2: OpenAIInstrumentor,
     openai_client: Any,
     async_openai_client: Any,
     simulator_url: str,
 ) -> None:
-    otel.instrument()
+    # Opting in to GenAI metrics must not double openai-v2's: its span, its metrics.
+    otel.instrument(genai_metrics=genai_metrics)
     kwargs = request_kwargs("vllm", "chat", stream, 61)
     await run(mode, "chat", kwargs, openai_client, async_openai_client)
 
@@ -94,7 +97,7 @@ async def test_auto_mode_enriches_the_openai_v2_span_and_counts_genai_metrics_on
 async def test_auto_mode_makes_our_own_span_where_openai_v2_has_none(
     otel: Otel, openai_v2: OpenAIInstrumentor, openai_client: Any
 ) -> None:
-    otel.instrument()
+    otel.instrument(genai_metrics=True)
     call_sync(openai_client, "completions", request_kwargs("vllm", "completions", False, 62))
     span = otel.only_span()
     assert span.instrumentation_scope.name == SCOPE_NAME
@@ -106,7 +109,7 @@ async def test_auto_mode_makes_our_own_span_where_openai_v2_has_none(
 async def test_span_mode_forces_our_own_child_span(
     stream: bool, otel: Otel, openai_v2: OpenAIInstrumentor, openai_client: Any
 ) -> None:
-    otel.instrument(mode="span")
+    otel.instrument(mode="span", genai_metrics=True)
     call_sync(openai_client, "chat", request_kwargs("vllm", "chat", stream, 63))
     spans = otel.spans()
     assert len(spans) == 2
@@ -129,7 +132,7 @@ async def test_enrich_mode_adds_to_the_current_user_span(
     span = otel.only_span()
     assert span.context.span_id == step.get_span_context().span_id
     assert spec_decode_attributes(span.attributes)["spec_decode.engine"] == "sglang"
-    # enriching someone else's span: GenAI metrics are theirs to record (none here)
+    # GenAI metrics are opt-in (none by default)
     assert counts_by_scope(otel, "gen_ai.client.operation.duration") == {}
     assert counts_by_scope(otel, "spec_decode.acceptance_length") == {SCOPE_NAME: 1}
 

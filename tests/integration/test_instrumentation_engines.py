@@ -326,7 +326,7 @@ async def test_server_errors_give_an_error_span_and_the_bare_sdk_exception(
 
     bare = await attempt()
     assert otel.spans() == []
-    otel.instrument()
+    otel.instrument(genai_metrics=True)
     seen = await attempt()
 
     assert type(seen) is type(bare)

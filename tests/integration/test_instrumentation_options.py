@@ -101,7 +101,7 @@ def test_counters_keep_counting_across_reinstrumentation(otel: Otel, openai_clie
 def test_user_attributes_go_on_spans_and_allow_listed_ones_on_metrics(
     otel: Otel, openai_client: Any
 ) -> None:
-    otel.instrument(metric_attributes=("workload",))
+    otel.instrument(metric_attributes=("workload",), genai_metrics=True)
     with spec_decode_otel.attributes(workload="rag", tenant="acme"):
         with spec_decode_otel.attributes(workload="summarize"):  # inner wins
             call_sync(openai_client, "chat", request_kwargs("vllm", "chat", False, 83))
@@ -143,7 +143,7 @@ def test_user_attributes_stay_off_metrics_unless_allow_listed(
 async def test_user_attributes_cross_await_and_never_bleed_between_tasks(
     otel: Otel, async_openai_client: Any
 ) -> None:
-    otel.instrument(metric_attributes=("workload",))
+    otel.instrument(metric_attributes=("workload",), genai_metrics=True)
     start = asyncio.Event()
 
     async def task(i: int) -> None:
@@ -348,7 +348,7 @@ def test_one_span_per_logical_call_across_retries(otel: Otel, simulator_url: str
         max_retries=1,  # the simulator's 429 says retry-after: 1
         http_client=httpx.Client(event_hooks={"request": [log.hook]}),
     )
-    otel.instrument()
+    otel.instrument(genai_metrics=True)
     kwargs = request_kwargs("vllm", "chat", False, 110)
     kwargs["extra_headers"]["x-sim-fault"] = "http-429"
     try:

@@ -107,7 +107,7 @@ def test_invented_models_ks_and_tenants_stay_bounded() -> None:
     otel = Otel(keep_spans=False)
     client = mock_client(inventive_server)
     try:
-        with instrumented(otel, metric_attributes=("tenant",)):
+        with instrumented(otel, metric_attributes=("tenant",), genai_metrics=True):
             for i in range(CALLS):
                 with spec_decode_otel.attributes(tenant=f"tenant-{i}"):
                     client.chat.completions.create(
@@ -146,7 +146,7 @@ def test_accepted_counts_and_positions_past_the_limit_fold_into_overflow() -> No
     client = mock_client(inventive_server)
     long_steps = ",".join(str(j) for j in range(0, 1000, 7))
     try:
-        with instrumented(otel):
+        with instrumented(otel, genai_metrics=True):
             for _ in range(3):
                 client.chat.completions.create(
                     model="m",

@@ -149,7 +149,7 @@ def assert_error_span(otel: Otel, outcome: Outcome) -> None:
 def test_payload_fault(sync_client, engine: str, fault: str, stream: bool) -> None:
     body, headers = _request(engine, stream, seed=101)
     clean_otel = Otel()
-    with instrumented(clean_otel):
+    with instrumented(clean_otel, genai_metrics=True):
         clean = run_sync(sync_client, body, headers)
     clean_record = _spec_attrs(_only_span(clean_otel))
     assert clean.error is None and clean_record, "the unfaulted request must give a record"
@@ -158,7 +158,7 @@ def test_payload_fault(sync_client, engine: str, fault: str, stream: bool) -> No
     with uninstrumented():
         bare = run_sync(sync_client, body, faulted)
     otel = Otel()
-    with instrumented(otel):
+    with instrumented(otel, genai_metrics=True):
         seen = run_sync(sync_client, body, faulted)
     seen.same_as(bare)
     assert seen.error is None
@@ -182,7 +182,7 @@ async def test_payload_fault_async_stream(async_client, fault: str) -> None:
     with uninstrumented():
         bare = await run_async(async_client, body, headers)
     otel = Otel()
-    with instrumented(otel):
+    with instrumented(otel, genai_metrics=True):
         seen = await run_async(async_client, body, headers)
     seen.same_as(bare)
     assert seen.error is None and seen.chunks
@@ -204,7 +204,7 @@ def test_http_error(sync_client, fault: str, error: type, stream: bool) -> None:
     with uninstrumented():
         bare = run_sync(sync_client, body, headers)
     otel = Otel()
-    with instrumented(otel):
+    with instrumented(otel, genai_metrics=True):
         seen = run_sync(sync_client, body, headers)
     seen.same_as(bare)
     assert seen.error is error
@@ -223,7 +223,7 @@ async def test_http_error_async(async_client, fault: str, error: type, stream: b
     with uninstrumented():
         bare = await run_async(async_client, body, headers)
     otel = Otel()
-    with instrumented(otel):
+    with instrumented(otel, genai_metrics=True):
         seen = await run_async(async_client, body, headers)
     seen.same_as(bare)
     assert seen.error is error
@@ -238,7 +238,7 @@ def test_connection_dropped(sync_client, stream: bool) -> None:
     with uninstrumented():
         bare = run_sync(sync_client, body, headers)
     otel = Otel()
-    with instrumented(otel):
+    with instrumented(otel, genai_metrics=True):
         seen = run_sync(sync_client, body, headers)
     seen.same_as(bare)
     assert seen.error is not None
@@ -255,7 +255,7 @@ async def test_connection_dropped_async(async_client, stream: bool) -> None:
     with uninstrumented():
         bare = await run_async(async_client, body, headers)
     otel = Otel()
-    with instrumented(otel):
+    with instrumented(otel, genai_metrics=True):
         seen = await run_async(async_client, body, headers)
     seen.same_as(bare)
     assert seen.error is not None
@@ -269,14 +269,14 @@ def test_slow_chunks(sync_client) -> None:
     body, headers = _request("vllm", True, seed=505)
     body["max_tokens"] = 12
     clean_otel = Otel()
-    with instrumented(clean_otel):
+    with instrumented(clean_otel, genai_metrics=True):
         run_sync(sync_client, body, headers)
     clean_record = _spec_attrs(_only_span(clean_otel))
     slow = {**headers, "x-sim-fault": "slow", "x-sim-delay-ms": "25"}
     with uninstrumented():
         bare = run_sync(sync_client, body, slow)
     otel = Otel()
-    with instrumented(otel):
+    with instrumented(otel, genai_metrics=True):
         seen = run_sync(sync_client, body, slow)
     seen.same_as(bare)
     assert seen.error is None
@@ -297,7 +297,7 @@ def test_client_timeout(sync_client, stream: bool) -> None:
     with uninstrumented():
         bare = run_sync(sync_client, body, headers, timeout=0.3)
     otel = Otel()
-    with instrumented(otel):
+    with instrumented(otel, genai_metrics=True):
         seen = run_sync(sync_client, body, headers, timeout=0.3)
     seen.same_as(bare)
     assert seen.error is not None
@@ -313,7 +313,7 @@ async def test_client_timeout_async(async_client) -> None:
     with uninstrumented():
         bare = await run_async(async_client, body, headers, timeout=0.3)
     otel = Otel()
-    with instrumented(otel):
+    with instrumented(otel, genai_metrics=True):
         seen = await run_async(async_client, body, headers, timeout=0.3)
     seen.same_as(bare)
     assert seen.error is openai.APITimeoutError

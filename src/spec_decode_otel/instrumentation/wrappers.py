@@ -116,13 +116,15 @@ class Instrumentation:
                     attributes=span_attrs,
                 )
                 activate = span
-            genai = settings.genai_metrics if settings.genai_metrics is not None else not enrich
             call = Call(
                 telemetry,
                 span,
                 own_span=not enrich,
                 metric_attributes=metric_attrs,
-                genai_metrics=genai,
+                # Opt-in; never when the span is another GenAI instrumentation's: it
+                # records these itself, and twice would double every GenAI dashboard.
+                genai_metrics=settings.genai_metrics
+                and not (enrich and is_foreign_genai_span(current)),
                 record_per_step=settings.record_per_step,
                 per_step_max_length=settings.per_step_max_length,
                 requested_sequences=sequences,

@@ -54,6 +54,7 @@ class Call:
     __slots__ = (
         "_done",
         "_lock",
+        "context",
         "genai_metrics",
         "metric_attributes",
         "own_span",
@@ -75,9 +76,13 @@ class Call:
         record_per_step: bool,
         per_step_max_length: int,
         requested_sequences: int = 1,
+        context: Any = None,
     ) -> None:
         self.telemetry = telemetry
         self.span = span
+        #: A context holding ``span``, made once: the wrapper attaches it for the request
+        #: and the histogram records take it for their exemplars. None: made at the end.
+        self.context = context
         self.own_span = own_span
         self.metric_attributes = metric_attributes
         self.genai_metrics = genai_metrics
@@ -244,7 +249,9 @@ class Call:
             if error_type is not None:
                 span.set_status(Status(StatusCode.ERROR, error_type))
         if record is not None or self.genai_metrics:
-            ctx = set_span_in_context(span)  # exemplars link each record to this span
+            ctx = self.context  # exemplars link each record to this span
+            if ctx is None:
+                ctx = set_span_in_context(span)
             if record is not None:
                 telemetry.record_metrics(record, series, span, ctx)
             if self.genai_metrics:

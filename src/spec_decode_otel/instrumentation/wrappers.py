@@ -65,8 +65,10 @@ class Instrumentation:
 
     # -- request start ---------------------------------------------------------
 
-    def start(self, client: Any, options: Any) -> tuple[Call, Any, bool, Span | None] | None:
-        """A Call for ``options`` if it is ours, plus the (possibly amended) options.
+    def start(self, client: Any, options: Any) -> tuple[Call, Any, bool, Any] | None:
+        """A Call for ``options`` if it is ours, the (possibly amended) options, whether
+        we injected ``include_usage``, and the context to attach for the request (our
+        span's; None when enriching the current span).
 
         Returns None for endpoints we leave alone. Never raises.
         """
@@ -106,7 +108,7 @@ class Instrumentation:
                 span = current
                 if user:
                     span.set_attributes(user)
-                activate = None
+                context = None
             else:
                 if user:
                     span_attrs = {**span_attrs, **user}
@@ -115,7 +117,7 @@ class Instrumentation:
                     kind=SpanKind.CLIENT,
                     attributes=span_attrs,
                 )
-                activate = span
+                context = trace.set_span_in_context(span)
             call = Call(
                 telemetry,
                 span,
@@ -128,10 +130,11 @@ class Instrumentation:
                 record_per_step=settings.record_per_step,
                 per_step_max_length=settings.per_step_max_length,
                 requested_sequences=sequences,
+                context=context,
             )
             if settings.inject_traceparent:
                 options = self._inject_traceparent(options, span)
-            return call, options, injected_usage, activate
+            return call, options, injected_usage, context
         except Exception:
             report_internal_error("start")
             return None
@@ -229,9 +232,9 @@ class Instrumentation:
         started = self.start(instance, options) if options is not None else None
         if started is None:
             return wrapped(*args, **kwargs)
-        call, options, injected_usage, activate = started
+        call, options, injected_usage, context = started
         args, kwargs = _with_options(args, kwargs, options)
-        token = _attach(activate)
+        token = _attach(context)
         try:
             result = wrapped(*args, **kwargs)
         except BaseException as exc:
@@ -246,9 +249,9 @@ class Instrumentation:
         started = self.start(instance, options) if options is not None else None
         if started is None:
             return await wrapped(*args, **kwargs)
-        call, options, injected_usage, activate = started
+        call, options, injected_usage, context = started
         args, kwargs = _with_options(args, kwargs, options)
-        token = _attach(activate)
+        token = _attach(context)
         try:
             result = await wrapped(*args, **kwargs)
         except BaseException as exc:
@@ -269,11 +272,11 @@ def _with_options(args: tuple, kwargs: dict, options: Any) -> tuple[tuple, dict]
     return args, {**kwargs, "options": options}
 
 
-def _attach(span: Span | None) -> object | None:
-    if span is None:
+def _attach(context: Any) -> object | None:
+    if context is None:
         return None
     try:
-        return otel_context.attach(trace.set_span_in_context(span))
+        return otel_context.attach(context)
     except Exception:
         report_internal_error("attach")
         return None

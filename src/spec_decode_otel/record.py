@@ -16,9 +16,18 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
 #: Per-step arrays and histograms longer than this are rejected before any work is done
 #: on them: no real request runs 100,000 verify steps, and a hostile server must not be
@@ -41,36 +50,9 @@ NonNegativeInt = Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
 _PerStep = Annotated[list[Annotated[int, Strict()]], Field(max_length=MAX_ARRAY_LENGTH)]
 
 
-def _agrees(sent: float, derived: float) -> bool:
-    return abs(sent - derived) <= FLOAT_AGREEMENT * max(1.0, abs(derived))
-
-
-def _small_counts(values: list[int] | None) -> bytes | None:
-    """``values`` as bytes when every entry is in 0..255, else None.
-
-    ``bytes()`` range-checks in C, and sums and bounds over its result run in C too. A
-    step's counts are at most k, so real per-step arrays take this path.
-    """
-    if values is None:
-        return None
-    try:
-        return bytes(values)
-    except ValueError:  # an entry outside 0..255 (entries are already strict ints)
-        return None
-
-
-def _nonnegative_sum(values: list[int], packed: bytes | None, name: str) -> int:
-    if packed is not None:
-        return sum(packed)
-    if values and min(values) < 0:
-        raise ValueError(f"per_step_{name} has a negative entry")
-    return sum(values)
-
-
-def _any_above(values: list[int], packed: bytes | None, limit: int) -> bool:
-    if packed is not None:  # delete every byte <= limit; anything left is above it
-        return limit < 255 and bool(packed.translate(None, bytes(range(limit + 1))))
-    return max(values, default=0) > limit
+#: ``_AT_MOST[n]`` holds the bytes 0..n: deleting them from packed counts leaves exactly
+#: the counts above n (``bytes.translate``, one pass in C).
+_AT_MOST: tuple[bytes, ...] = tuple(bytes(range(n + 1)) for n in range(255))
 
 
 def _check_per_step(
@@ -88,38 +70,154 @@ def _check_per_step(
     this runs for every such request, so the element loops run in C where they can: a
     drafted array in which every step drafted the same number (fixed k, the usual case)
     is one ``list.count``, and arrays of counts in 0..255 go through ``bytes()``. Other
-    arrays take the plain path; the verdict is the same either way.
+    arrays take the plain path; the verdict is the same either way. No helper functions:
+    on the client this runs once per call with the caches cold, where each Python call
+    costs as much as a pass over a hundred entries.
     """
-    for values, name in ((per_acc, "accepted"), (per_drf, "drafted")):
-        if values is not None and (steps is None or len(values) != steps):
-            raise ValueError(f"per_step_{name} length differs from num_spec_steps")
-    acc_packed = _small_counts(per_acc)
-    if per_acc is not None and (
-        accepted is None or _nonnegative_sum(per_acc, acc_packed, "accepted") != accepted
-    ):
-        raise ValueError("per_step_accepted does not sum to the accepted total")
+    if per_acc is not None and (steps is None or len(per_acc) != steps):
+        raise ValueError("per_step_accepted length differs from num_spec_steps")
+    if per_drf is not None and (steps is None or len(per_drf) != steps):
+        raise ValueError("per_step_drafted length differs from num_spec_steps")
+    acc_packed = None
+    if per_acc is not None:
+        if accepted is None:
+            raise ValueError("per_step_accepted does not sum to the accepted total")
+        try:
+            acc_packed = bytes(per_acc)  # every entry in 0..255 (entries are strict ints)
+        except ValueError:
+            if min(per_acc) < 0:
+                raise ValueError("per_step_accepted has a negative entry") from None
+        if sum(per_acc) != accepted:
+            raise ValueError("per_step_accepted does not sum to the accepted total")
     if per_drf is None:
         return
-    same = per_drf[0] if per_drf and per_drf.count(per_drf[0]) == len(per_drf) else None
+    same = per_drf[0] if per_drf and per_drf.count(per_drf[0]) == steps else None
     drf_packed = None
     if same is not None:
         if same < 0:
             raise ValueError("per_step_drafted has a negative entry")
-        drf_total = same * len(per_drf)
+        drf_total = same * steps
     else:
-        drf_packed = _small_counts(per_drf)
-        drf_total = _nonnegative_sum(per_drf, drf_packed, "drafted")
+        try:
+            drf_packed = bytes(per_drf)
+        except ValueError:
+            if min(per_drf) < 0:
+                raise ValueError("per_step_drafted has a negative entry") from None
+        drf_total = sum(per_drf)
     if drafted is None or drf_total != drafted:
         raise ValueError("per_step_drafted does not sum to the drafted total")
     if per_acc is not None:
-        if same is not None:
-            exceeded = _any_above(per_acc, acc_packed, same)
-        else:
+        if same is None:
             exceeded = any(map(operator.gt, per_acc, per_drf))
+        elif acc_packed is not None:
+            exceeded = same < 255 and bool(acc_packed.translate(None, _AT_MOST[same]))
+        else:
+            exceeded = max(per_acc) > same
         if exceeded:
             raise ValueError("a step accepted more drafts than it drafted")
-    if k is not None and (same > k if same is not None else _any_above(per_drf, drf_packed, k)):
-        raise ValueError("a step drafted more than num_spec_tokens")
+    if k is not None:
+        if same is not None:
+            exceeded = same > k
+        elif drf_packed is not None:
+            exceeded = k < 255 and bool(drf_packed.translate(None, _AT_MOST[k]))
+        else:
+            exceeded = max(per_drf, default=0) > k
+        if exceeded:
+            raise ValueError("a step drafted more than num_spec_tokens")
+
+
+def _finite_float(value: Any) -> float | None:
+    """A rate or mean as a float; JSON numbers only (a bool is an int to Python but never
+    a rate on the wire), and finite, since NaN would compare as agreeing with nothing."""
+    if value is None:
+        return None
+    try:
+        finite = type(value) in (int, float) and math.isfinite(value)
+    except OverflowError:  # an int beyond any float
+        finite = False
+    if not finite:
+        raise ValueError("must be a finite number")
+    return float(value)
+
+
+def _sparse_histogram(value: Any) -> dict[int, Any] | None:
+    """Accept the JSON form (digit-string keys) and drop zero buckets, so both the
+    dense-list engines and the record's own JSON produce the same sparse dict.
+
+    Counts are returned unchecked (the field type makes them strict ints); a count that
+    is not an int 0 is kept so that check sees it.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError("histogram must be a mapping")
+    if len(value) > MAX_ARRAY_LENGTH:
+        raise ValueError("histogram too large")
+    out: dict[int, Any] = {}
+    for key, count in value.items():
+        if type(key) is str and key.isascii() and key.isdigit():
+            key = int(key)
+        elif type(key) is not int:
+            raise ValueError("histogram keys must be non-negative ints")
+        if key in out:
+            raise ValueError("duplicate histogram key")
+        if count != 0 or type(count) is not int:
+            out[key] = count
+    return out
+
+
+def _check_invariants(values: Mapping[str, Any]) -> None:
+    """The cross-field rules, over field values that already have their types.
+
+    The one copy of them: the model's validator runs it on a constructed record and
+    :func:`construct_checked` on its checked fields, so the two cannot drift apart.
+    """
+    mal, rate = values["mean_acceptance_length"], values["draft_acceptance_rate"]
+    if mal is not None and mal < 1.0:
+        raise ValueError("mean_acceptance_length must be >= 1")
+    if rate is not None and not 0.0 <= rate <= 1.0:
+        raise ValueError("draft_acceptance_rate must be in [0, 1]")
+
+    steps, accepted = values["num_spec_steps"], values["num_accepted_draft_tokens"]
+    drafted, k = values["num_draft_tokens"], values["num_spec_tokens"]
+    if accepted is not None and drafted is not None and accepted > drafted:
+        raise ValueError("accepted drafts exceed drafted tokens")
+
+    hist = values["acceptance_histogram"]
+    if hist is not None:
+        if steps is None or accepted is None:
+            raise ValueError("a histogram needs num_spec_steps and accepted counts")
+        hist_steps = hist_accepted = 0
+        top = -1
+        for j, count in hist.items():  # k+1 buckets at most on a real record
+            hist_steps += count
+            hist_accepted += j * count
+            if j > top:
+                top = j
+        if hist_steps != steps:
+            raise ValueError("histogram counts do not sum to num_spec_steps")
+        if hist_accepted != accepted:
+            raise ValueError("histogram does not account for the accepted drafts")
+        if k is not None and top > k:
+            raise ValueError("histogram bucket beyond num_spec_tokens")
+
+    per_acc, per_drf = values["per_step_accepted"], values["per_step_drafted"]
+    if per_acc is not None or per_drf is not None:
+        _check_per_step(per_acc, per_drf, steps, accepted, drafted, k)
+
+    # Both derived values are >= 0, and a rate is <= 1 (accepted <= drafted holds by
+    # now), so the tolerance FLOAT_AGREEMENT * max(1, derived) needs no max() here.
+    if mal is not None and steps is not None and accepted is not None:
+        try:
+            derived = 1.0 + accepted / steps if steps else 1.0
+        except OverflowError:  # counts beyond any float: no finite mean can agree
+            raise ValueError("mean_acceptance_length contradicts the counts") from None
+        if not abs(mal - derived) <= FLOAT_AGREEMENT * derived:
+            raise ValueError("mean_acceptance_length contradicts the counts")
+    if rate is not None and drafted is not None and accepted is not None:
+        derived = accepted / drafted if drafted else 0.0
+        if not abs(rate - derived) <= FLOAT_AGREEMENT:
+            raise ValueError("draft_acceptance_rate contradicts the counts")
 
 
 class SpecDecodeAcceptanceRecord(BaseModel):
@@ -146,78 +244,17 @@ class SpecDecodeAcceptanceRecord(BaseModel):
 
     @field_validator("mean_acceptance_length", "draft_acceptance_rate", mode="before")
     @classmethod
-    def _finite_number(cls, value: Any) -> Any:
-        # JSON numbers only: a bool is an int to Python but never a rate on the wire.
-        if value is None:
-            return None
-        try:
-            finite = type(value) in (int, float) and math.isfinite(value)
-        except OverflowError:  # an int beyond any float
-            finite = False
-        if not finite:
-            raise ValueError("must be a finite number")
-        return float(value)
+    def _finite_number(cls, value: Any) -> float | None:
+        return _finite_float(value)
 
     @field_validator("acceptance_histogram", mode="before")
     @classmethod
-    def _histogram_keys(cls, value: Any) -> Any:
-        # Accept the JSON form (digit-string keys) and drop zero buckets, so both the
-        # dense-list engines and the record's own JSON produce the same sparse dict.
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise ValueError("histogram must be a mapping")
-        if len(value) > MAX_ARRAY_LENGTH:
-            raise ValueError("histogram too large")
-        out: dict[int, Any] = {}
-        for key, count in value.items():
-            if type(key) is str and key.isascii() and key.isdigit():
-                key = int(key)
-            elif type(key) is not int:
-                raise ValueError("histogram keys must be non-negative ints")
-            if key in out:
-                raise ValueError("duplicate histogram key")
-            if count != 0 or type(count) is not int:
-                out[key] = count
-        return out
+    def _histogram_keys(cls, value: Any) -> dict[int, Any] | None:
+        return _sparse_histogram(value)
 
     @model_validator(mode="after")
     def _invariants(self) -> SpecDecodeAcceptanceRecord:
-        mal, rate = self.mean_acceptance_length, self.draft_acceptance_rate
-        if mal is not None and mal < 1.0:
-            raise ValueError("mean_acceptance_length must be >= 1")
-        if rate is not None and not 0.0 <= rate <= 1.0:
-            raise ValueError("draft_acceptance_rate must be in [0, 1]")
-
-        steps, accepted = self.num_spec_steps, self.num_accepted_draft_tokens
-        drafted, k = self.num_draft_tokens, self.num_spec_tokens
-        if accepted is not None and drafted is not None and accepted > drafted:
-            raise ValueError("accepted drafts exceed drafted tokens")
-
-        hist = self.acceptance_histogram
-        if hist is not None:
-            if steps is None or accepted is None:
-                raise ValueError("a histogram needs num_spec_steps and accepted counts")
-            if sum(hist.values()) != steps:
-                raise ValueError("histogram counts do not sum to num_spec_steps")
-            if sum(j * c for j, c in hist.items()) != accepted:
-                raise ValueError("histogram does not account for the accepted drafts")
-            if k is not None and hist and max(hist) > k:
-                raise ValueError("histogram bucket beyond num_spec_tokens")
-
-        _check_per_step(self.per_step_accepted, self.per_step_drafted, steps, accepted, drafted, k)
-
-        if mal is not None and steps is not None and accepted is not None:
-            try:
-                derived = 1.0 + accepted / steps if steps else 1.0
-            except OverflowError:  # counts beyond any float: no finite mean can agree
-                raise ValueError("mean_acceptance_length contradicts the counts") from None
-            if not _agrees(mal, derived):
-                raise ValueError("mean_acceptance_length contradicts the counts")
-        if rate is not None and drafted is not None and accepted is not None:
-            derived = accepted / drafted if drafted else 0.0
-            if not _agrees(rate, derived):
-                raise ValueError("draft_acceptance_rate contradicts the counts")
+        _check_invariants(self.__dict__)
         return self
 
     @property
@@ -258,3 +295,72 @@ class SpecDecodeAcceptanceRecord(BaseModel):
             running += dense[j]
             out[j - 1] = running
         return out
+
+
+#: Every field unset, the starting point of a record built without pydantic's validation.
+_UNSET: dict[str, None] = dict.fromkeys(SpecDecodeAcceptanceRecord.model_fields)
+_count_fields = operator.itemgetter(
+    "num_accepted_draft_tokens",
+    "num_draft_tokens",
+    "num_spec_steps",
+    "num_spec_tokens",
+    "completion_tokens",
+)
+_PER_STEP = ("per_step_accepted", "per_step_drafted")
+#: The per-step fields' own type, validated alone: its element loop runs in pydantic's
+#: Rust core (faster than any Python check on a 10,000-step array) and it returns a
+#: list the record owns, with pydantic's own verdict on tuples, bools and int subclasses.
+_validate_per_step = TypeAdapter(_PerStep).validator.validate_python
+_ENGINE_MAX_LENGTH = 64
+_set = object.__setattr__
+
+
+def construct_checked(**fields: Any) -> SpecDecodeAcceptanceRecord:
+    """The record ``SpecDecodeAcceptanceRecord(**fields)`` gives, for a fraction of its cost.
+
+    Adapters build one record per instrumented call, and pydantic's validation of it was
+    most of the client's CPU overhead. Here the field rules the model declares are
+    checked by hand for values of the exact types adapters pass (JSON ``int``, ``float``,
+    ``str``, ``list``, ``dict``), the invariants run through the model's own
+    :func:`_check_invariants`, and the record is built without validating again. A value
+    of any other type (a bool, an int subclass, a tuple, a non-ASCII engine name) goes
+    through the model instead, so pydantic's coercions and error rules stay its own and
+    the verdict is the model's in every case (tests/unit/test_record_fast_path.py).
+
+    Raises ValueError (pydantic's ValidationError is one) exactly when the model would
+    reject ``fields``.
+    """
+    values = {**_UNSET, **fields}
+    if len(values) != len(_UNSET):
+        raise ValueError("unknown field")  # extra="forbid"
+    engine = values["engine"]
+    if type(engine) is not str or not engine.isascii():
+        return SpecDecodeAcceptanceRecord(**fields)
+    if not 0 < len(engine) <= _ENGINE_MAX_LENGTH:
+        raise ValueError("engine must be 1..64 characters")
+    for count in _count_fields(values):
+        if count is not None:
+            if type(count) is not int:
+                return SpecDecodeAcceptanceRecord(**fields)
+            if not 0 <= count <= MAX_COUNT:
+                raise ValueError("count out of range")
+    values["mean_acceptance_length"] = _finite_float(values["mean_acceptance_length"])
+    values["draft_acceptance_rate"] = _finite_float(values["draft_acceptance_rate"])
+    hist = values["acceptance_histogram"]
+    if hist is not None:
+        hist = values["acceptance_histogram"] = _sparse_histogram(hist)
+        for key, count in hist.items():
+            if type(count) is not int:
+                return SpecDecodeAcceptanceRecord(**fields)
+            if not (0 <= key <= MAX_COUNT and 0 <= count <= MAX_COUNT):
+                raise ValueError("histogram entry out of range")
+    for name in _PER_STEP:
+        if values[name] is not None:
+            values[name] = _validate_per_step(values[name])
+    _check_invariants(values)
+    record = SpecDecodeAcceptanceRecord.__new__(SpecDecodeAcceptanceRecord)
+    _set(record, "__dict__", values)
+    _set(record, "__pydantic_fields_set__", set(fields))
+    _set(record, "__pydantic_extra__", None)
+    _set(record, "__pydantic_private__", None)
+    return record

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from spec_decode_otel._logging import logger
 from spec_decode_otel.capture import ParsedResponse, last_completion_tokens
-from spec_decode_otel.record import MAX_ARRAY_LENGTH, SpecDecodeAcceptanceRecord
+from spec_decode_otel.record import MAX_ARRAY_LENGTH, SpecDecodeAcceptanceRecord, construct_checked
 
 
 def exact_int(value: Any) -> int | None:
@@ -100,7 +100,7 @@ def build_record(
 ) -> SpecDecodeAcceptanceRecord | None:
     """Validate the mapped fields into a record; an invariant violation gives None."""
     try:
-        return SpecDecodeAcceptanceRecord(
+        return construct_checked(
             engine=engine, completion_tokens=last_completion_tokens(responses), **fields
         )
     except (ValidationError, ValueError, TypeError) as exc:
@@ -113,6 +113,8 @@ def _first_error(exc: Exception) -> str:
         errors = exc.errors(include_url=False, include_input=False)
         if errors:
             return str(errors[0].get("msg"))
+    elif type(exc) is ValueError:  # the record's own messages name a rule, never a value
+        return str(exc)
     return type(exc).__name__
 
 

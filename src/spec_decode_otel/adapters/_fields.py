@@ -63,7 +63,9 @@ def int_array(value: Any) -> list[int] | None:
 
 def is_present(value: Any) -> bool:
     """Wire rule: null and an empty object both mean 'absent'."""
-    return isinstance(value, Mapping) and bool(value)
+    if type(value) is dict:  # what decoded JSON holds; skips the ABC check
+        return bool(value)
+    return value is not None and isinstance(value, Mapping) and bool(value)
 
 
 def last_choice_field(responses: Sequence[ParsedResponse], name: str) -> Any:
@@ -77,17 +79,22 @@ def last_choice_field(responses: Sequence[ParsedResponse], name: str) -> Any:
 
 
 def choice_has(responses: Sequence[ParsedResponse], name: str) -> bool:
-    return any(name in choice for r in responses for choice in r.choices)
+    for response in responses:
+        for choice in response.choices:
+            if name in choice:
+                return True
+    return False
 
 
 def stats_choice_indices(responses: Sequence[ParsedResponse], name: str) -> set[Any]:
     """Choice indices that carried a present ``name`` object (more than one means n > 1)."""
-    return {
-        _index_key(choice.get("index"))
-        for r in responses
-        for choice in r.choices
-        if is_present(choice.get(name))
-    }
+    indices: set[Any] = set()
+    for response in responses:
+        for choice in response.choices:
+            value = choice.get(name)
+            if value is not None and is_present(value):
+                indices.add(_index_key(choice.get("index")))
+    return indices
 
 
 def _index_key(index: Any) -> Any:

@@ -50,12 +50,19 @@ class SglangAdapter:
 
     @classmethod
     def can_adapt(cls, responses: Sequence[ParsedResponse]) -> bool:
+        # Runs on every instrumented call, mostly on other engines' responses, where
+        # both keys are absent: those cost one dict lookup each.
         for response in responses:
             sglext = response.root.get("sglext")
-            if isinstance(sglext, Mapping) and "spec_tokens_details" in sglext:
+            if (
+                sglext is not None
+                and isinstance(sglext, Mapping)
+                and "spec_tokens_details" in sglext
+            ):
                 return True
-            if any(_meta_has_spec(choice) for choice in response.choices):
-                return True
+            for choice in response.choices:
+                if choice.get("meta_info") is not None and _meta_has_spec(choice):
+                    return True
         return False
 
     @classmethod

@@ -17,7 +17,6 @@ from typing import ClassVar
 
 from spec_decode_otel.adapters._fields import (
     build_record,
-    choice_has,
     dense_histogram,
     derived_mean_acceptance_length,
     derived_rate,
@@ -40,7 +39,11 @@ class TensorRtLlmAdapter:
 
     @classmethod
     def can_adapt(cls, responses: Sequence[ParsedResponse]) -> bool:
-        return choice_has(responses, _STATS) or choice_has(responses, _AVERAGE)
+        for response in responses:  # one pass for both keys: runs on every call
+            for choice in response.choices:
+                if _STATS in choice or _AVERAGE in choice:
+                    return True
+        return False
 
     @classmethod
     def adapt(cls, responses: Sequence[ParsedResponse]) -> SpecDecodeAcceptanceRecord | None:

@@ -27,16 +27,11 @@ from spec_decode_otel.adapters._fields import (
     is_present,
     stats_choice_indices,
 )
-from spec_decode_otel.capture import ParsedResponse, is_multi_sequence
+from spec_decode_otel.capture import ParsedResponse
 from spec_decode_otel.record import MAX_ARRAY_LENGTH, SpecDecodeAcceptanceRecord
 
 _MERGED = "speculative_decoding"
 _PREMERGE = "speculative_decoding_stats"
-
-
-def _merged_stats(response: ParsedResponse) -> Any:
-    metrics = response.root.get("metrics")
-    return metrics.get(_MERGED) if isinstance(metrics, Mapping) else None
 
 
 class VllmAdapter:
@@ -48,48 +43,65 @@ class VllmAdapter:
     def can_adapt(cls, responses: Sequence[ParsedResponse]) -> bool:
         for response in responses:
             metrics = response.root.get("metrics")
-            if isinstance(metrics, Mapping) and _MERGED in metrics:
+            if metrics is None:  # every other engine's response: skip the ABC check
+                continue
+            if (type(metrics) is dict or isinstance(metrics, Mapping)) and _MERGED in metrics:
                 return True
         return choice_has(responses, _PREMERGE)
 
     @classmethod
     def adapt(cls, responses: Sequence[ParsedResponse]) -> SpecDecodeAcceptanceRecord | None:
-        if is_multi_sequence(responses) or len(stats_choice_indices(responses, _PREMERGE)) > 1:
+        # Runs once per instrumented call: plain loops and each stats key read once.
+        for response in responses:
+            if response.choice_count > 1:
+                return None
+        if len(stats_choice_indices(responses, _PREMERGE)) > 1:
             return None
         stats, dense = cls._last_stats(responses)
         if stats is None:
             return None
-        k = exact_int(stats.get("num_spec_tokens"))
-        if k is None and stats.get("num_spec_tokens") is not None:
+        get = stats.get
+        raw_k = get("num_spec_tokens")
+        k = exact_int(raw_k)
+        if k is None and raw_k is not None:
             return None  # present but not a count: malformed, not "variable k"
+        raw_hist = get("acceptance_histogram")
         if dense:
-            hist = dense_histogram(stats.get("acceptance_histogram"))
-            if hist is None or k is None or len(stats["acceptance_histogram"]) != k + 1:
+            hist = dense_histogram(raw_hist)
+            if hist is None or k is None or len(raw_hist) != k + 1:
                 logger.debug("vLLM histogram is not a dense list of k+1 ints")
                 return None
-            if not _by_draft_length_agrees(stats, stats["acceptance_histogram"]):
+            by_length = get("acceptance_histogram_by_draft_length")
+            if by_length is not None and not _by_draft_length_agrees(by_length, raw_hist):
                 return None
         else:
-            hist = _sparse_string_keyed(stats.get("acceptance_histogram"))
+            hist = _sparse_string_keyed(raw_hist)
             if hist is None:
                 return None
 
-        steps = exact_int(stats.get("num_spec_steps"))
-        accepted = exact_int(stats.get("num_accepted_draft_tokens"))
-        drafted = exact_int(stats.get("num_draft_tokens"))
+        steps = exact_int(get("num_spec_steps"))
+        accepted = exact_int(get("num_accepted_draft_tokens"))
+        drafted = exact_int(get("num_draft_tokens"))
         if steps is None or accepted is None or drafted is None:
             logger.debug("vLLM stats lack exact integer counts")
             return None
-        mal = _verbatim_or_derived(
-            stats, "mean_acceptance_length", derived_mean_acceptance_length(accepted, steps)
-        )
-        rate = _verbatim_or_derived(stats, "draft_acceptance_rate", derived_rate(accepted, drafted))
+        # The engine's float when sent (the record checks it against the counts).
+        if "mean_acceptance_length" in stats:
+            mal = finite_number(stats["mean_acceptance_length"])
+        else:
+            mal = derived_mean_acceptance_length(accepted, steps)
+        if "draft_acceptance_rate" in stats:
+            rate = finite_number(stats["draft_acceptance_rate"])
+        else:
+            rate = derived_rate(accepted, drafted)
         if mal is None or rate is None:
             return None
-        for name in ("per_step_accepted", "per_step_drafted"):
-            if stats.get(name) is not None and int_array(stats[name]) is None:
-                logger.debug("vLLM %s is not a list under the size cap", name)
-                return None
+        per_acc, per_drf = get("per_step_accepted"), get("per_step_drafted")
+        if (per_acc is not None and int_array(per_acc) is None) or (
+            per_drf is not None and int_array(per_drf) is None
+        ):
+            logger.debug("vLLM per-step arrays are not lists under the size cap")
+            return None
         record = build_record(
             cls.engine,
             responses,
@@ -100,8 +112,8 @@ class VllmAdapter:
             num_draft_tokens=drafted,
             num_spec_steps=steps,
             num_spec_tokens=k,
-            per_step_accepted=int_array(stats.get("per_step_accepted")),
-            per_step_drafted=int_array(stats.get("per_step_drafted")),
+            per_step_accepted=per_acc,
+            per_step_drafted=per_drf,
         )
         if record is not None:
             _check_usage_identity(record)
@@ -111,21 +123,16 @@ class VllmAdapter:
     def _last_stats(responses: Sequence[ParsedResponse]) -> tuple[Mapping[str, Any] | None, bool]:
         """The last present stats object, and whether it is the merged (dense) shape."""
         for response in reversed(responses):
-            merged = _merged_stats(response)
-            if is_present(merged):
-                return merged, True
+            metrics = response.root.get("metrics")
+            if metrics is not None and (type(metrics) is dict or isinstance(metrics, Mapping)):
+                merged = metrics.get(_MERGED)
+                if merged is not None and is_present(merged):
+                    return merged, True
             for choice in reversed(response.choices):
                 stats = choice.get(_PREMERGE)
-                if is_present(stats):
+                if stats is not None and is_present(stats):
                     return stats, False
         return None, False
-
-
-def _verbatim_or_derived(stats: Mapping[str, Any], name: str, derived: float | None) -> Any:
-    """The engine's float when sent (the record checks it against the counts)."""
-    if name in stats:
-        return finite_number(stats[name])
-    return derived
 
 
 def _sparse_string_keyed(value: Any) -> dict[int, int] | None:
@@ -143,15 +150,12 @@ def _sparse_string_keyed(value: Any) -> dict[int, int] | None:
     return sparse
 
 
-def _by_draft_length_agrees(stats: Mapping[str, Any], flat: list[int]) -> bool:
+def _by_draft_length_agrees(by_length: Any, flat: list[int]) -> bool:
     """``acceptance_histogram_by_draft_length`` (pending upstream) must sum to the flat one.
 
     Each entry ``{"<d>": [d+1 ints]}`` counts the steps that drafted d tokens; summed over
     d bucket by bucket they are the flat histogram.
     """
-    by_length = stats.get("acceptance_histogram_by_draft_length")
-    if by_length is None:
-        return True
     if not isinstance(by_length, Mapping) or len(by_length) > len(flat) + 1:
         logger.debug("vLLM acceptance_histogram_by_draft_length is malformed")
         return False

@@ -2,8 +2,9 @@
 
 Every engine reports acceptance differently; everything downstream (span attributes,
 metrics, the CLI) reads only this record. It is the gatekeeper too: the invariants that
-make the numbers trustworthy live in its validator, so an adapter cannot hand telemetry
-a payload whose counts contradict each other.
+make the numbers trustworthy live in one function that both its validator and the
+adapters' cheaper constructor (``construct_checked``) run, so an adapter cannot hand
+telemetry a payload whose counts contradict each other.
 
 Partial results. Some engines report only part of the picture (a released TensorRT-LLM
 server sends only an average acceptance length; llama.cpp sends drafted and accepted
@@ -42,6 +43,9 @@ FLOAT_AGREEMENT = 1e-6
 #: cannot be exported (a span attribute is dropped; a counter point fails the whole
 #: metrics export, every time, since counters are cumulative).
 MAX_COUNT = 2**63 - 1
+
+#: The bound on ``engine``, one constant for the model and the fast path alike.
+_ENGINE_MAX_LENGTH = 64
 
 NonNegativeInt = Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
 #: Per-step entries are strict ints; ``>= 0`` is checked by the model validator over the
@@ -230,7 +234,7 @@ class SpecDecodeAcceptanceRecord(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    engine: Annotated[str, Field(min_length=1, max_length=64)]
+    engine: Annotated[str, Field(min_length=1, max_length=_ENGINE_MAX_LENGTH)]
     mean_acceptance_length: float | None = None
     draft_acceptance_rate: float | None = None
     acceptance_histogram: dict[NonNegativeInt, NonNegativeInt] | None = None
@@ -311,24 +315,26 @@ _PER_STEP = ("per_step_accepted", "per_step_drafted")
 #: Rust core (faster than any Python check on a 10,000-step array) and it returns a
 #: list the record owns, with pydantic's own verdict on tuples, bools and int subclasses.
 _validate_per_step = TypeAdapter(_PerStep).validator.validate_python
-_ENGINE_MAX_LENGTH = 64
 _set = object.__setattr__
 
 
 def construct_checked(**fields: Any) -> SpecDecodeAcceptanceRecord:
     """The record ``SpecDecodeAcceptanceRecord(**fields)`` gives, for a fraction of its cost.
 
-    Adapters build one record per instrumented call, and pydantic's validation of it was
-    most of the client's CPU overhead. Here the field rules the model declares are
-    checked by hand for values of the exact types adapters pass (JSON ``int``, ``float``,
-    ``str``, ``list``, ``dict``), the invariants run through the model's own
-    :func:`_check_invariants`, and the record is built without validating again. A value
-    of any other type (a bool, an int subclass, a tuple, a non-ASCII engine name) goes
-    through the model instead, so pydantic's coercions and error rules stay its own and
-    the verdict is the model's in every case (tests/unit/test_record_fast_path.py).
+    Adapters build one record per instrumented call, and the model's validation was most
+    of the client's CPU cost per call. Here the field rules the model declares are
+    checked by hand for the exact types adapters pass (JSON ``int``, ``float``, ``str``,
+    ``dict``), the per-step lists go through their own pydantic type alone (its Rust
+    loop beats any Python one on long arrays), the invariants are the model's own
+    :func:`_check_invariants`, and the instance state is set directly, as
+    ``model_construct`` does but without its per-field loop. A value of any other type
+    (an int subclass, a bool where a count goes, a non-ASCII engine name) goes through
+    the model instead, so pydantic's coercions and messages stay its own. Either way
+    the verdict and the record are the model's (tests/unit/test_record_fast_path.py).
 
     Raises ValueError (pydantic's ValidationError is one) exactly when the model would
-    reject ``fields``.
+    reject ``fields``; adapters call it through ``build_record``, which turns that into
+    None.
     """
     values = {**_UNSET, **fields}
     if len(values) != len(_UNSET):

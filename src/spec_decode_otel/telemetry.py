@@ -276,7 +276,11 @@ class SpecSeries:
         self._positions: dict[int | str, list[int]] = {}
 
     def add_counts(self, record: SpecDecodeAcceptanceRecord, counters: _MeterInstruments) -> None:
-        """Add one request's counts to the four counters (under their shared lock)."""
+        """Add one request's counts to the four counters (under their shared lock).
+
+        Sums saturate at MAX_COUNT (written out rather than ``min()``: a builtin call per
+        cell is a measurable share of this on the caller's hot path).
+        """
         drafted = record.num_draft_tokens
         accepted = record.num_accepted_draft_tokens
         hist = record.acceptance_histogram
@@ -286,12 +290,14 @@ class SpecSeries:
                 found = self._drafted
                 if found is None:
                     found = self._drafted = counters.draft_tokens.cell_locked(key)
-                found[0] = min(found[0] + drafted, MAX_COUNT)
+                total = found[0] + drafted
+                found[0] = total if total < MAX_COUNT else MAX_COUNT
             if accepted is not None:
                 found = self._accepted
                 if found is None:
                     found = self._accepted = counters.accepted_tokens.cell_locked(key)
-                found[0] = min(found[0] + accepted, MAX_COUNT)
+                total = found[0] + accepted
+                found[0] = total if total < MAX_COUNT else MAX_COUNT
             if not hist:
                 return
             cells = self._steps
@@ -302,24 +308,24 @@ class SpecSeries:
                     found = cells[bucket] = counters.verify_steps.cell_locked(
                         (*key, (SD_ACCEPTED, bucket))
                     )
-                found[0] = min(found[0] + count, MAX_COUNT)
+                total = found[0] + count
+                found[0] = total if total < MAX_COUNT else MAX_COUNT
             # Position p was accepted by every step that accepted more than p drafts: the
             # reverse cumulative sum of the histogram (record.accepted_at_position()).
             running = 0
-            sums = []
-            for j in range(max(hist), 0, -1):
-                running += hist.get(j, 0)
-                sums.append(running)
             cells = self._positions
-            for p, total in enumerate(reversed(sums)):
-                if total:
+            get = hist.get
+            for p in range(max(hist) - 1, -1, -1):
+                running += get(p + 1, 0)
+                if running:
                     position = p if p < MAX_DRAFT_POSITIONS else OVERFLOW_VALUE
                     found = cells.get(position)
                     if found is None:
                         found = cells[position] = counters.accepted_at_position.cell_locked(
                             (*key, (SD_POSITION, position))
                         )
-                    found[0] = min(found[0] + total, MAX_COUNT)
+                    total = found[0] + running
+                    found[0] = total if total < MAX_COUNT else MAX_COUNT
 
 
 class ResponseSeries:

@@ -1,10 +1,28 @@
 """Transparent stream proxies: see every chunk, change none, finalize exactly once.
 
-Per chunk they do no OpenTelemetry work at all: they keep a reference to the few chunks
-adapters may need (root or per-choice extras, usage, finish reasons) and note the time of
-the first chunk. Everything else — detection, attributes, metrics, ``span.end()`` —
-happens once, when the stream is exhausted, fails, is closed, leaves its ``with`` block
-or is garbage-collected unfinished (then ``error.type`` is ``abandoned``).
+Per chunk they do as little as Python allows. For a request that asked for one sequence
+(``n`` = 1, nearly every request) a chunk is read once — ``choices[0].finish_reason`` —
+and a content chunk (a choice, no finish reason) is only remembered as the latest chunk;
+nothing else is kept, so the SDK's chunks are freed as soon as the user drops them. Every
+other chunk — the finish chunk, and the choice-less chunks after it (SGLang's ``sglext``
+chunk, the usage chunk) — goes through ``_StreamObserver.observe``, which keeps those that
+carry anything an adapter reads (up to ``KEEP_CHUNKS``), notes finish reasons and hides
+our injected usage chunk. Detection, attributes, metrics and ``span.end()`` happen once,
+when the stream is exhausted, fails, is closed, leaves its ``with`` block or is
+garbage-collected unfinished (then ``error.type`` is ``abandoned``).
+
+Why that is enough for one sequence: engines put their stats on the finish chunk or on
+chunks after it, and where a field rides every chunk (TensorRT-LLM's running average,
+vLLM's continuous usage) the last one wins — the finish chunk, or the latest chunk of a
+stream that ended early. Trade-off: for ``n`` = 1, fields that only content chunks carry
+are read from the latest chunk alone, and a choice index past 0 (a server answering with
+several sequences, e.g. a multi-prompt completion) is seen on finish chunks only — so a
+stream cut before any finish chunk cannot reveal it. For ``n`` > 1 every chunk is still
+observed (finish reasons of sequences that end early, every choice index).
+
+Where the SDK's own ``Stream.__iter__``/``__next__`` (and the async pair) only forward to
+the stream's generator, the proxy reads that generator directly: a ``for`` loop over the
+proxy goes through as many Python frames per chunk as one over the bare stream.
 
 The span is never made current while the user iterates: between chunks the caller's own
 context is in force.
@@ -14,64 +32,71 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from types import FunctionType
 from typing import Any
 
 import wrapt
 
 from spec_decode_otel.instrumentation.call import ABANDONED, Call, report_internal_error
 
-#: Chunks kept for detection. Engines put stats on the last chunks (finish_reason, usage,
-#: SGLang's extra chunk), and "last wins" everywhere, so a long stream whose every chunk
-#: carries a field (TensorRT-LLM's running average) needs only its tail.
+#: Chunks kept for detection: only those carrying something adapters read ("last wins"
+#: everywhere, so a stream whose every chunk carries a field needs only its tail).
 KEEP_CHUNKS = 32
+#: Finish reasons reported at most (one per sequence).
+MAX_FINISH_REASONS = 16
+#: What a chunk without ``choices[0].finish_reason`` reads as: not a plain content chunk.
+_NOT_PLAIN = object()
 
 
 class _StreamObserver:
     """What a stream proxy collects; shared by the sync and async proxies."""
 
-    __slots__ = ("call", "finish_reasons", "first_at", "hide_usage_chunk", "kept", "model", "multi")
+    __slots__ = (
+        "call",
+        "every_chunk",
+        "finish_reasons",
+        "first_at",
+        "hide_usage_chunk",
+        "kept",
+        "last",
+        "model",
+        "multi",
+    )
 
     def __init__(self, call: Call, hide_usage_chunk: bool) -> None:
         self.call = call
         self.hide_usage_chunk = hide_usage_chunk
+        #: Several sequences asked for: every chunk goes through observe().
+        self.every_chunk = call.requested_sequences > 1
         self.kept: deque[Any] = deque(maxlen=KEEP_CHUNKS)
+        #: The latest chunk (the one the user holds now): nothing more is kept per chunk.
+        self.last: Any = None
         self.finish_reasons: list[str] = []
         self.first_at: float | None = None
         self.model: str | None = None
-        self.multi = False
+        self.multi = self.every_chunk
+
+    def first(self, chunk: Any) -> None:
+        """The first chunk: its time and model."""
+        self.first_at = time.perf_counter()
+        try:
+            model = getattr(chunk, "model", None)
+            self.model = model if isinstance(model, str) else None
+        except Exception:
+            report_internal_error("observe")
 
     def observe(self, chunk: Any) -> bool:
         """Note ``chunk``; True when the user must not see it (our injected usage chunk)."""
-        if self.first_at is not None:
-            # Fast path for a plain content chunk: one choice at index 0, no finish reason,
-            # no usage, no non-standard fields (nearly every chunk): nothing to note. Any
-            # other chunk, or an object that is not the SDK's pydantic model, goes on.
-            try:
-                choices = chunk.choices
-                if (
-                    chunk.usage is None
-                    and len(choices) == 1
-                    and not chunk.__pydantic_extra__
-                    and (choice := choices[0]).finish_reason is None
-                    and not choice.index
-                    and not choice.__pydantic_extra__
-                ):
-                    return False
-            except Exception:
-                pass
+        self.last = chunk
         try:
-            if self.first_at is None:
-                self.first_at = time.perf_counter()
-                model = getattr(chunk, "model", None)
-                self.model = model if isinstance(model, str) else None
             keep = bool(chunk.model_extra) or chunk.usage is not None
             choices = chunk.choices
             for choice in choices:
                 reason = choice.finish_reason
                 if reason is not None:
                     keep = True
-                    if len(self.finish_reasons) < 16:
+                    if len(self.finish_reasons) < MAX_FINISH_REASONS:
                         self.finish_reasons.append(reason)
                 if choice.index:
                     self.multi = True
@@ -85,10 +110,25 @@ class _StreamObserver:
         return False
 
     def finish(self, error: BaseException | str | None = None) -> None:
-        if self.call.done:
+        call = self.call
+        if call.done:
             return
-        self.call.finish_stream(
-            self.kept,
+        chunks: list[Any] = []
+        try:
+            last = self.last
+            kept = self.kept
+            # A stream that ended early: its latest chunk, unless already kept, may carry
+            # a field every chunk repeats (the last wins), or another sequence's index.
+            if last is not None and (not kept or kept[-1] is not last):
+                self.observe(last)
+            chunks = list(kept)
+        except Exception:
+            report_internal_error("stream.finish")
+        # The user may hold the proxy on: it no longer holds their chunks.
+        self.kept.clear()
+        self.last = None
+        call.finish_stream(
+            chunks,
             response_model=self.model,
             finish_reasons=self.finish_reasons,
             multi_sequence=self.multi,
@@ -97,8 +137,70 @@ class _StreamObserver:
         )
 
 
-def _iterate(proxy: Any, wrapped: Any, observer: _StreamObserver) -> Iterator[Any]:
-    """The chunks of ``wrapped``, observed, minus our hidden usage chunk.
+# -- the SDK's own iteration methods, when they only forward to the stream's generator --
+# Written exactly as openai's Stream/AsyncStream write them: _forwards() compares code.
+
+
+def _ref_iter(self: Any) -> Iterator[Any]:
+    for item in self._iterator:  # noqa: UP028 (not `yield from`: the SDK's own form)
+        yield item
+
+
+def _ref_next(self: Any) -> Any:
+    return self._iterator.__next__()
+
+
+async def _ref_aiter(self: Any) -> AsyncIterator[Any]:
+    async for item in self._iterator:
+        yield item
+
+
+async def _ref_anext(self: Any) -> Any:
+    return await self._iterator.__anext__()
+
+
+_KIND_FLAGS = 0x20 | 0x80 | 0x200  # CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR
+#: function → whether it is exactly its reference (the SDK's methods: a handful of keys).
+_FORWARDERS: dict[Any, bool] = {}
+
+
+def _forwards(function: Any, reference: Any) -> bool:
+    """True when ``function`` (an SDK stream method) compiles to the same code as
+    ``reference``: it does nothing but forward to ``self._iterator``. Anything else — a
+    later SDK doing more there, or a method someone patched — is called as it is."""
+    known = _FORWARDERS.get(function)
+    if known is not None:
+        return known
+    same = False
+    if type(function) is FunctionType:
+        code, ref = function.__code__, reference.__code__
+        same = (
+            code.co_code == ref.co_code
+            and code.co_names == ref.co_names
+            and code.co_consts == ref.co_consts
+            and code.co_varnames == ref.co_varnames
+            and code.co_flags & _KIND_FLAGS == ref.co_flags & _KIND_FLAGS
+        )
+    if len(_FORWARDERS) < 64:
+        _FORWARDERS[function] = same
+    return same
+
+
+def _generator_of(stream: Any, method: str, reference: Any) -> Any:
+    """The stream's own generator when ``type(stream).<method>`` only forwards to it."""
+    try:
+        if _forwards(getattr(type(stream), method, None), reference):
+            return stream._iterator
+    except Exception:
+        report_internal_error("stream.generator")
+    return None
+
+
+# -- iteration -----------------------------------------------------------------------
+
+
+def _iterate(proxy: Any, source: Iterator[Any], observer: _StreamObserver) -> Iterator[Any]:
+    """The chunks of ``source``, observed, minus our hidden usage chunk.
 
     ``proxy`` is only held, to keep it alive while a ``for`` loop holds just this
     generator: its ``__del__`` is what reports a stream abandoned half-way. Closing this
@@ -106,28 +208,65 @@ def _iterate(proxy: Any, wrapped: Any, observer: _StreamObserver) -> Iterator[An
     proxy's own close/exit/GC do, as with ``__next__``.
     """
     try:
-        chunks = iter(wrapped)
+        observe = observer.observe
         if observer.first_at is None:
-            for chunk in chunks:  # the first chunk: its time and model
-                if not observer.observe(chunk):
+            for chunk in source:
+                observer.first(chunk)
+                if not observe(chunk):
                     yield chunk
                 break
-        for chunk in chunks:
-            # observe()'s fast path, inlined: per chunk, a call costs more than the test.
-            try:
-                choices = chunk.choices
-                plain = (
-                    chunk.usage is None
-                    and len(choices) == 1
-                    and not chunk.__pydantic_extra__
-                    and (choice := choices[0]).finish_reason is None
-                    and not choice.index
-                    and not choice.__pydantic_extra__
-                )
-            except Exception:
-                plain = False
-            if plain or not observer.observe(chunk):
-                yield chunk
+        if observer.every_chunk:
+            for chunk in source:
+                if not observe(chunk):
+                    yield chunk
+        else:
+            for chunk in source:
+                # The one read per chunk (see the module docstring). No call, no store
+                # but ``last``: per chunk, each costs more than the test.
+                try:
+                    reason = chunk.choices[0].finish_reason
+                except Exception:
+                    reason = _NOT_PLAIN
+                if reason is None:
+                    observer.last = chunk
+                    yield chunk
+                elif not observe(chunk):
+                    yield chunk
+    except GeneratorExit:
+        raise
+    except BaseException as exc:
+        observer.finish(exc)
+        raise
+    observer.finish()
+
+
+async def _aiterate(
+    proxy: Any, source: AsyncIterator[Any], observer: _StreamObserver
+) -> AsyncIterator[Any]:
+    """``_iterate`` for an async stream."""
+    try:
+        observe = observer.observe
+        if observer.first_at is None:
+            async for chunk in source:
+                observer.first(chunk)
+                if not observe(chunk):
+                    yield chunk
+                break
+        if observer.every_chunk:
+            async for chunk in source:
+                if not observe(chunk):
+                    yield chunk
+        else:
+            async for chunk in source:
+                try:
+                    reason = chunk.choices[0].finish_reason
+                except Exception:
+                    reason = _NOT_PLAIN
+                if reason is None:
+                    observer.last = chunk
+                    yield chunk
+                elif not observe(chunk):
+                    yield chunk
     except GeneratorExit:
         raise
     except BaseException as exc:
@@ -177,6 +316,10 @@ class SyncStreamProxy(wrapt.ObjectProxy):  # type: ignore[misc]
         super().__init__(wrapped)
         self._self_observer = _StreamObserver(call, hide_usage_chunk)
         self._self_response: Any = None
+        #: The stream's generator, read directly where the SDK's methods only forward.
+        self._self_iter = _generator_of(wrapped, "__iter__", _ref_iter)
+        generator = _generator_of(wrapped, "__next__", _ref_next)
+        self._self_next = wrapped.__next__ if generator is None else generator.__next__
 
     @property
     def response(self) -> Any:
@@ -185,19 +328,33 @@ class SyncStreamProxy(wrapt.ObjectProxy):  # type: ignore[misc]
     def __iter__(self) -> Iterator[Any]:
         # A generator, as ``openai.Stream.__iter__`` itself returns: a ``for`` loop then
         # resumes it per chunk instead of calling a Python ``__next__`` on the proxy.
-        return _iterate(self, self.__wrapped__, self._self_observer)
+        source = self._self_iter
+        if source is None:
+            source = iter(self.__wrapped__)
+        return _iterate(self, source, self._self_observer)
 
     def __next__(self) -> Any:
         observer = self._self_observer
         while True:
             try:
-                chunk = self.__wrapped__.__next__()
+                chunk = self._self_next()
             except StopIteration:
                 observer.finish()
                 raise
             except BaseException as exc:
                 observer.finish(exc)
                 raise
+            # _iterate's per-chunk test, inlined (a call per chunk costs more than it)
+            if observer.first_at is None:
+                observer.first(chunk)
+            elif not observer.every_chunk:
+                try:
+                    reason = chunk.choices[0].finish_reason
+                except Exception:
+                    reason = _NOT_PLAIN
+                if reason is None:
+                    observer.last = chunk
+                    return chunk
             if not observer.observe(chunk):
                 return chunk
 
@@ -231,25 +388,43 @@ class AsyncStreamProxy(wrapt.ObjectProxy):  # type: ignore[misc]
         super().__init__(wrapped)
         self._self_observer = _StreamObserver(call, hide_usage_chunk)
         self._self_response: Any = None
+        self._self_aiter = _generator_of(wrapped, "__aiter__", _ref_aiter)
+        generator = _generator_of(wrapped, "__anext__", _ref_anext)
+        self._self_anext = wrapped.__anext__ if generator is None else generator.__anext__
 
     @property
     def response(self) -> Any:
         return _response_proxy(self)
 
-    def __aiter__(self) -> AsyncStreamProxy:
-        return self
+    def __aiter__(self) -> AsyncIterator[Any]:
+        # An async generator, as ``openai.AsyncStream.__aiter__`` itself returns.
+        source = self._self_aiter
+        if source is None:
+            source = self.__wrapped__.__aiter__()
+        return _aiterate(self, source, self._self_observer)
 
     async def __anext__(self) -> Any:
         observer = self._self_observer
         while True:
             try:
-                chunk = await self.__wrapped__.__anext__()
+                chunk = await self._self_anext()
             except StopAsyncIteration:
                 observer.finish()
                 raise
             except BaseException as exc:
                 observer.finish(exc)
                 raise
+            # _iterate's per-chunk test, inlined (a call per chunk costs more than it)
+            if observer.first_at is None:
+                observer.first(chunk)
+            elif not observer.every_chunk:
+                try:
+                    reason = chunk.choices[0].finish_reason
+                except Exception:
+                    reason = _NOT_PLAIN
+                if reason is None:
+                    observer.last = chunk
+                    return chunk
             if not observer.observe(chunk):
                 return chunk
 

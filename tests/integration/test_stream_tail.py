@@ -256,3 +256,20 @@ async def test_a_patched_sdk_iteration_method_is_still_called(
     spans = instrumented.spans()
     assert len(spans) == 2
     assert all(s.attributes["spec_decode.engine"] == "vllm" for s in spans)
+
+
+def test_a_multi_prompt_completion_closed_early_gives_no_record(
+    instrumented: Otel, clients: Any
+) -> None:
+    # Two prompts, n = 1: the request itself says two sequences. Closed after the first
+    # chunk (TensorRT-LLM sends its running average on every chunk), no chunk has shown
+    # a second choice index yet, and the stream must still count as several sequences.
+    sync, _ = clients
+    kwargs = request_kwargs("trtllm", "completions", True, 980, prompt=["one", "two"])
+    stream = create_method(sync, "completions")(**kwargs)
+    first = next(stream)
+    stream.close()
+    assert [c.index for c in first.choices] == [0]
+    assert first.choices[0].model_extra  # it carries the running average
+    attrs = dict(instrumented.only_span().attributes)
+    assert spec_decode_attributes(attrs) == {}

@@ -16,11 +16,12 @@ garbage-collected unfinished (then ``error.type`` is ``abandoned``).
 Why that is enough for one sequence: engines put their stats on the finish chunk or on
 chunks after it, and where a field rides every chunk (TensorRT-LLM's running average,
 vLLM's continuous usage) the last one wins — the finish chunk, or the latest chunk of a
-stream that ended early. Trade-off: for ``n`` = 1, fields that only content chunks carry
-are read from the latest chunk alone, and a choice index past 0 (a server answering with
-several sequences, e.g. a multi-prompt completion) is seen on finish chunks and on the
-latest chunk only — a stream cut before any finish chunk may not reveal it. For ``n`` > 1
-every chunk is still observed (finish reasons of sequences that end early, every index).
+stream that ended early. Trade-off: for one requested sequence, fields that only content
+chunks carry are read from the latest chunk alone, and a choice index past 0 (a server
+answering with more sequences than asked for) is seen on finish chunks and on the latest
+chunk only — a stream cut before any finish chunk may not reveal it. Requests for several
+(``n`` > 1, or a completion with several prompts: ``Call.requested_sequences``) observe
+every chunk (finish reasons of sequences that end early, every index).
 
 Where the SDK's own ``Stream.__iter__``/``__next__`` (and the async pair) only forward to
 the stream's generator, the proxy reads that generator directly: a ``for`` loop over the

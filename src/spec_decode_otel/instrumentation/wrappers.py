@@ -87,6 +87,10 @@ class Instrumentation:
             streaming = body.get("stream") is True
             n = body.get("n")
             sequences = n if type(n) is int and n > 1 else 1
+            prompt = body.get("prompt")
+            if type(prompt) is list and len(prompt) > 1 and type(prompt[0]) is not int:
+                # several prompts (strings or token lists): a sequence (or n) for each
+                sequences *= len(prompt)
             options, injected_usage = self._amend(options, body, streaming)
 
             host, port = self._server(client)

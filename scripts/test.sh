@@ -31,6 +31,7 @@ export SPEC_DECODE_OTEL_JAEGER="$JAEGER"
 
 step "ruff"
 "$PYTHON" -m ruff check .
+"$PYTHON" -m ruff format --check .
 
 step "pytest"
 set +e

@@ -66,4 +66,6 @@ async def async_openai_client(simulator_url: str):  # type: ignore[no-untyped-de
     client = openai.AsyncOpenAI(api_key="sk-test", base_url=simulator_url, max_retries=0)
     yield client
     await client.close()
+
+
 pytest_plugins = ["reliability.privacy_plugin"]  # session-wide privacy scan (issue 7)

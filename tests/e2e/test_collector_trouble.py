@@ -50,7 +50,7 @@ EXIT_PROBE_REQUESTS = 30
 EXIT_BOUND_S = SHUTDOWN_TIMEOUT_S * 2 + 3.0
 RECOVERY_TIMEOUT_S = 90
 
-WORKER = r'''
+WORKER = r"""
 import json, os, sys, time
 
 import openai
@@ -79,7 +79,7 @@ for line in sys.stdin:
     print(json.dumps({"latencies": latencies, "steps": steps, "accepted": accepted}), flush=True)
 client.close()
 # Falling off the end: atexit runs Telemetries.shutdown(), the bounded final flush.
-'''
+"""
 
 
 class Worker:

@@ -27,7 +27,7 @@ from spec_decode_otel.adapters._fields import (
     is_present,
     stats_choice_indices,
 )
-from spec_decode_otel.capture import ParsedResponse
+from spec_decode_otel.capture import ParsedResponse, is_multi_sequence
 from spec_decode_otel.record import MAX_ARRAY_LENGTH, SpecDecodeAcceptanceRecord
 
 _MERGED = "speculative_decoding"
@@ -51,11 +51,8 @@ class VllmAdapter:
 
     @classmethod
     def adapt(cls, responses: Sequence[ParsedResponse]) -> SpecDecodeAcceptanceRecord | None:
-        # Runs once per instrumented call: plain loops and each stats key read once.
-        for response in responses:
-            if response.choice_count > 1:
-                return None
-        if len(stats_choice_indices(responses, _PREMERGE)) > 1:
+        # Runs once per instrumented call: each stats key is read once.
+        if is_multi_sequence(responses) or len(stats_choice_indices(responses, _PREMERGE)) > 1:
             return None
         stats, dense = cls._last_stats(responses)
         if stats is None:

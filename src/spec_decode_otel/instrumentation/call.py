@@ -88,8 +88,9 @@ class Call:
         self.genai_metrics = genai_metrics
         self.record_per_step = record_per_step
         self.per_step_max_length = per_step_max_length
-        #: The request's ``n`` (1 unless it asked for more): a stream proxy that knows
-        #: the call wants one sequence can skip per-chunk bookkeeping for several.
+        #: Sequences the request asked for (``n``, times the prompts of a completion
+        #: with several): a stream proxy that knows the call wants one sequence can skip
+        #: per-chunk bookkeeping for several.
         self.requested_sequences = requested_sequences
         self.start = time.perf_counter()
         self._done = False

@@ -30,6 +30,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from record_examples import FULL
 
 from spec_decode_otel import ParsedResponse, SpecDecodeAcceptanceRecord, detect
 from spec_decode_otel.adapters._fields import build_record
@@ -313,20 +314,6 @@ def test_the_generator_reaches_both_verdicts_often():
 
 
 # ---------------------------------------------------------------- fixed examples
-
-FULL = dict(
-    engine="vllm",
-    mean_acceptance_length=1 + 16 / 14,
-    draft_acceptance_rate=16 / 42,
-    acceptance_histogram={0: 5, 1: 4, 2: 3, 3: 2},
-    num_accepted_draft_tokens=16,
-    num_draft_tokens=42,
-    num_spec_steps=14,
-    num_spec_tokens=3,
-    completion_tokens=31,
-    per_step_accepted=[0] * 5 + [1] * 4 + [2] * 3 + [3] * 2,
-    per_step_drafted=[3] * 14,
-)
 
 
 def test_fast_path_record_is_frozen_pickles_and_round_trips_through_json():

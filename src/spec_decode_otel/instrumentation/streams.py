@@ -1,27 +1,20 @@
 """Transparent stream proxies: see every chunk, change none, finalize exactly once.
 
 Per chunk they do as little as Python allows. For a request that asked for one sequence
-(``n`` = 1, nearly every request) a chunk is read once — ``choices[0].finish_reason`` —
-and a content chunk (a choice, no finish reason) is only remembered as the latest chunk;
-nothing else is kept, so the SDK's chunks are freed as soon as the user drops them (in
-the replay benchmark, keeping even one chunk more than the user holds costs ~0.4 µs per
-chunk, more than the test: the SDK then parses into colder memory). Every
-other chunk — the finish chunk, and the choice-less chunks after it (SGLang's ``sglext``
-chunk, the usage chunk) — goes through ``_StreamObserver.observe``, which keeps those that
-carry anything an adapter reads (up to ``KEEP_CHUNKS``), notes finish reasons and hides
-our injected usage chunk. Detection, attributes, metrics and ``span.end()`` happen once,
-when the stream is exhausted, fails, is closed, leaves its ``with`` block or is
-garbage-collected unfinished (then ``error.type`` is ``abandoned``).
-
-Why that is enough for one sequence: engines put their stats on the finish chunk or on
-chunks after it, and where a field rides every chunk (TensorRT-LLM's running average,
-vLLM's continuous usage) the last one wins — the finish chunk, or the latest chunk of a
-stream that ended early. Trade-off: for one requested sequence, fields that only content
-chunks carry are read from the latest chunk alone, and a choice index past 0 (a server
-answering with more sequences than asked for) is seen on finish chunks and on the latest
-chunk only — a stream cut before any finish chunk may not reveal it. Requests for several
-(``n`` > 1, or a completion with several prompts: ``Call.requested_sequences``) observe
-every chunk (finish reasons of sequences that end early, every index).
+(``n`` = 1, nearly every request) a plain content chunk — one choice, at index 0, no
+finish reason, no usage, no non-standard field on the chunk or its choice — is read and
+let through: nothing about it is noted and nothing keeps it, so the SDK's chunks are freed
+as soon as the user drops them (in the replay benchmark, keeping even one chunk more than
+the user holds costs ~0.4 µs per chunk, more than the test: the SDK then parses into
+colder memory). Every other chunk goes through ``_StreamObserver.observe``, which keeps
+those that carry anything an adapter reads (the last ``KEEP_CHUNKS``: "last wins"
+everywhere), notes finish reasons and choice indices, and hides our injected usage chunk.
+So the chunks adapters see are exactly those the offline parser would act on, up to that
+tail. Requests for several sequences (``n`` > 1, or a completion with several prompts:
+``Call.requested_sequences``) send every chunk through ``observe``. Detection,
+attributes, metrics and ``span.end()`` happen once, when the stream is exhausted, fails,
+is closed, leaves its ``with`` block or is garbage-collected unfinished (then
+``error.type`` is ``abandoned``).
 
 Where the SDK's own ``Stream.__iter__``/``__next__`` (and the async pair) only forward to
 the stream's generator, the proxy reads that generator directly: a ``for`` loop over the
@@ -48,8 +41,6 @@ from spec_decode_otel.instrumentation.call import ABANDONED, Call, report_intern
 KEEP_CHUNKS = 32
 #: Finish reasons reported at most (one per sequence).
 MAX_FINISH_REASONS = 16
-#: What a chunk without ``choices[0].finish_reason`` reads as: not a plain content chunk.
-_NOT_PLAIN = object()
 
 
 class _StreamObserver:
@@ -62,7 +53,6 @@ class _StreamObserver:
         "first_at",
         "hide_usage_chunk",
         "kept",
-        "last",
         "model",
         "multi",
     )
@@ -73,8 +63,6 @@ class _StreamObserver:
         #: Several sequences asked for: every chunk goes through observe().
         self.every_chunk = call.requested_sequences > 1
         self.kept: deque[Any] = deque(maxlen=KEEP_CHUNKS)
-        #: The latest chunk (the one the user holds now): nothing more is kept per chunk.
-        self.last: Any = None
         self.finish_reasons: list[str] = []
         self.first_at: float | None = None
         self.model: str | None = None
@@ -89,9 +77,33 @@ class _StreamObserver:
         except Exception:
             report_internal_error("observe")
 
+    def take(self, chunk: Any) -> bool:
+        """One chunk read by ``__next__``/``__anext__``: True when the user gets it.
+
+        The same handling as ``_iterate``'s loops, which inline the plain-chunk test: a
+        ``for`` loop is the usual way to read a stream, and there a call per chunk costs
+        more than the test.
+        """
+        if self.first_at is None:
+            self.first(chunk)
+        elif not self.every_chunk:
+            try:
+                choices = chunk.choices
+                if (
+                    len(choices) == 1
+                    and (choice := choices[0]).finish_reason is None
+                    and not choice.index
+                    and not choice.__pydantic_extra__
+                    and not chunk.__pydantic_extra__
+                    and chunk.usage is None
+                ):
+                    return True
+            except Exception:
+                pass  # not the SDK's model: observe() decides
+        return not self.observe(chunk)
+
     def observe(self, chunk: Any) -> bool:
         """Note ``chunk``; True when the user must not see it (our injected usage chunk)."""
-        self.last = chunk
         try:
             keep = bool(chunk.model_extra) or chunk.usage is not None
             choices = chunk.choices
@@ -116,20 +128,9 @@ class _StreamObserver:
         call = self.call
         if call.done:
             return
-        chunks: list[Any] = []
-        try:
-            last = self.last
-            kept = self.kept
-            # A stream that ended early: its latest chunk, unless already kept, may carry
-            # a field every chunk repeats (the last wins), or another sequence's index.
-            if last is not None and (not kept or kept[-1] is not last):
-                self.observe(last)
-            chunks = list(kept)
-        except Exception:
-            report_internal_error("stream.finish")
+        chunks = list(self.kept)
         # The user may hold the proxy on: it no longer holds their chunks.
         self.kept.clear()
-        self.last = None
         call.finish_stream(
             chunks,
             response_model=self.model,
@@ -224,16 +225,21 @@ def _iterate(proxy: Any, source: Iterator[Any], observer: _StreamObserver) -> It
                     yield chunk
         else:
             for chunk in source:
-                # The one read per chunk (see the module docstring). No call, no store
-                # but ``last``: per chunk, each costs more than the test.
+                # observer.take()'s plain-chunk test, inlined: per chunk, a call costs
+                # more than the test.
                 try:
-                    reason = chunk.choices[0].finish_reason
+                    choices = chunk.choices
+                    plain = (
+                        len(choices) == 1
+                        and (choice := choices[0]).finish_reason is None
+                        and not choice.index
+                        and not choice.__pydantic_extra__
+                        and not chunk.__pydantic_extra__
+                        and chunk.usage is None
+                    )
                 except Exception:
-                    reason = _NOT_PLAIN
-                if reason is None:
-                    observer.last = chunk
-                    yield chunk
-                elif not observe(chunk):
+                    plain = False  # not the SDK's model: observe() decides
+                if plain or not observe(chunk):
                     yield chunk
     except GeneratorExit:
         raise
@@ -262,13 +268,18 @@ async def _aiterate(
         else:
             async for chunk in source:
                 try:
-                    reason = chunk.choices[0].finish_reason
+                    choices = chunk.choices
+                    plain = (
+                        len(choices) == 1
+                        and (choice := choices[0]).finish_reason is None
+                        and not choice.index
+                        and not choice.__pydantic_extra__
+                        and not chunk.__pydantic_extra__
+                        and chunk.usage is None
+                    )
                 except Exception:
-                    reason = _NOT_PLAIN
-                if reason is None:
-                    observer.last = chunk
-                    yield chunk
-                elif not observe(chunk):
+                    plain = False  # not the SDK's model: observe() decides
+                if plain or not observe(chunk):
                     yield chunk
     except GeneratorExit:
         raise
@@ -347,18 +358,7 @@ class SyncStreamProxy(wrapt.ObjectProxy):  # type: ignore[misc]
             except BaseException as exc:
                 observer.finish(exc)
                 raise
-            # _iterate's per-chunk test, inlined (a call per chunk costs more than it)
-            if observer.first_at is None:
-                observer.first(chunk)
-            elif not observer.every_chunk:
-                try:
-                    reason = chunk.choices[0].finish_reason
-                except Exception:
-                    reason = _NOT_PLAIN
-                if reason is None:
-                    observer.last = chunk
-                    return chunk
-            if not observer.observe(chunk):
+            if observer.take(chunk):
                 return chunk
 
     def close(self) -> None:
@@ -417,18 +417,7 @@ class AsyncStreamProxy(wrapt.ObjectProxy):  # type: ignore[misc]
             except BaseException as exc:
                 observer.finish(exc)
                 raise
-            # _iterate's per-chunk test, inlined (a call per chunk costs more than it)
-            if observer.first_at is None:
-                observer.first(chunk)
-            elif not observer.every_chunk:
-                try:
-                    reason = chunk.choices[0].finish_reason
-                except Exception:
-                    reason = _NOT_PLAIN
-                if reason is None:
-                    observer.last = chunk
-                    return chunk
-            if not observer.observe(chunk):
+            if observer.take(chunk):
                 return chunk
 
     async def close(self) -> None:

@@ -9,6 +9,7 @@ opt-in feature switched on, through the simulator subprocess, with errors and fa
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 
@@ -74,6 +75,16 @@ async def test_the_hooks_are_live() -> None:
     secret = canary()
     port = _free_port()
     async with OtelTapHttpProtobufReceiver(OtelTapHttpProtobufReceiverSettings(port)) as tap:
+        # oteltap hands a message only to waiters already registered (it keeps none), and
+        # the exports below are synchronous: wait first, or a message the poller delivers
+        # while the test awaits the other one is lost.
+        trace_seen = asyncio.ensure_future(
+            tap.await_trace(lambda span: span.name == "planted", timeout=10)
+        )
+        metric_seen = asyncio.ensure_future(
+            tap.await_metric(lambda m: m.name == "spec_decode.planted", timeout=10)
+        )
+        await asyncio.sleep(0)  # both waiters are registered now
         with REGISTRY.quarantine() as caught:
             tracer_provider = TracerProvider(shutdown_on_exit=False)
             tracer_provider.add_span_processor(
@@ -93,8 +104,8 @@ async def test_the_hooks_are_live() -> None:
             )
             reader.get_metrics_data()
             meters.force_flush()
-            await tap.await_trace(lambda span: span.name == "planted", timeout=10)
-            await tap.await_metric(lambda m: m.name == "spec_decode.planted", timeout=10)
+            await trace_seen
+            await metric_seen
             deadline = time.monotonic() + 5
             while len({f.source for f in caught}) < 4 and time.monotonic() < deadline:
                 time.sleep(0.05)

@@ -8,7 +8,10 @@ the process, so the span processor's export thread counts too).
 
 Protocol: one JSON object per line each way. Requests: ``{"op": "batch", "kind":
 "nonstream"|"stream"|"stream_short", "n": N, "enabled": bool}``, ``{"op": "describe"}``,
-``{"op": "memory", "n": N, "warmup": W, "method": "rss"|"tracemalloc"}``, ``{"op": "quit"}``.
+``{"op": "memory", "n": N, "warmup": W, "method": "rss"|"tracemalloc"}``, ``{"op": "loop",
+"kind": ..., "warmup": W, "seconds": S}`` (calls for W seconds, then one line
+``{"measuring": true}``, then calls for S seconds while a sampling profiler watches; see
+``attribution.py``), ``{"op": "quit"}``.
 """
 
 from __future__ import annotations
@@ -100,6 +103,26 @@ class Worker:
             after = _rss_bytes()
         return {"method": method, "calls": n, "growth_bytes": after - before}
 
+    def loop(self, kind: str, warmup: float, seconds: float, out: Any) -> dict[str, Any]:
+        """Calls back to back: ``warmup`` seconds, then a ``measuring`` line, then
+        ``seconds`` more, timed with this thread's CPU clock (what a profiler sampling
+        the main thread sees)."""
+        self.config.set_enabled(True)
+        call = self.config.calls[kind]
+        monotonic = time.monotonic
+        deadline = monotonic() + warmup
+        while monotonic() < deadline:
+            call()
+        out.write(json.dumps({"measuring": True}) + "\n")
+        out.flush()
+        calls = 0
+        t0 = time.thread_time_ns()
+        deadline = monotonic() + seconds
+        while monotonic() < deadline:
+            call()
+            calls += 1
+        return {"calls": calls, "thread_cpu_ns": (time.thread_time_ns() - t0) / max(calls, 1)}
+
     def _settle(self) -> None:
         if self.providers is not None:
             self.providers.flush()
@@ -121,6 +144,8 @@ def main() -> int:
             reply = worker.batch(request["kind"], request["n"], request.get("enabled", True))
         elif op == "describe":
             reply = worker.describe()
+        elif op == "loop":
+            reply = worker.loop(request["kind"], request["warmup"], request["seconds"], out)
         elif op == "memory":
             reply = worker.memory(request["n"], request["warmup"], request["method"])
         else:

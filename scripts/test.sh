@@ -48,3 +48,6 @@ fi
 
 step "overhead benchmark (smoke run; figures are not asserted)"
 "$PYTHON" benchmarks/overhead.py --quick
+
+step "in-situ attribution (smoke run; py-spy samples a worker; figures are not asserted)"
+"$PYTHON" benchmarks/attribution.py --quick

@@ -73,6 +73,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import _genai_venv  # noqa: E402
 from _replay import CONFIGS, load_payloads  # noqa: E402
 
 DEFAULT_PNG = HERE / "out" / "overhead.png"
@@ -336,15 +337,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--genai-openai-python",
         metavar="PYTHON",
-        help="also time opentelemetry-instrumentation-genai-openai (config F) in this "
+        help="time opentelemetry-instrumentation-genai-openai (config F) in this "
         "interpreter: a venv with it and its opentelemetry-util-genai installed (they "
-        "cannot share an environment with openai-v2 2.4b0)",
+        "cannot share an environment with openai-v2 2.4b0). Default for a full run: a "
+        "cached venv built on first use (_genai_venv.py)",
+    )
+    parser.add_argument(
+        "--no-genai-openai",
+        action="store_true",
+        help="skip config F (a --quick run skips it unless --genai-openai-python is given)",
     )
     args = parser.parse_args(argv)
     global NAMES
     NAMES = ORDER
-    if args.genai_openai_python:
-        PYTHONS["F"] = args.genai_openai_python
+    genai_python = args.genai_openai_python
+    if genai_python is None and not (args.quick or args.no_genai_openai):
+        genai_python, how = _genai_venv.ensure()
+        print(f"config F venv: {genai_python or 'unavailable'} ({how})", file=sys.stderr)
+    if genai_python:
+        PYTHONS["F"] = genai_python
         NAMES = (*ORDER, "F")
     plan = QUICK if args.quick else FULL
     if args.rounds:

@@ -234,7 +234,9 @@ def report(results: list[dict[str, Any]], out: Any = sys.stdout) -> dict[str, fl
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke-test size (~30 s)")
-    parser.add_argument("--kind", default="nonstream", choices=("nonstream", "stream"))
+    parser.add_argument(
+        "--kind", default="nonstream", choices=("nonstream", "stream", "stream_short")
+    )
     parser.add_argument("--configs", default="B,E", help="comma-separated, e.g. B,E,D")
     parser.add_argument("--seconds", type=float, help="sampling time per configuration")
     parser.add_argument("--rate", type=int, default=250, help="samples per second")

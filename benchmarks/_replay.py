@@ -88,8 +88,28 @@ def replay_client(body: bytes, content_type: str) -> Any:
     )
 
 
+def async_replay_client(body: bytes, content_type: str) -> Any:
+    """``replay_client`` for ``openai.AsyncOpenAI``."""
+    import httpx2
+    import openai
+
+    headers = {"content-type": content_type}
+
+    async def handler(request: Any) -> Any:
+        return httpx2.Response(200, headers=headers, content=body)
+
+    return openai.AsyncOpenAI(
+        base_url="http://127.0.0.1:8000/v1",
+        api_key="sk-bench",
+        max_retries=0,
+        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)),
+    )
+
+
 #: What a batch times: a non-streaming call, the long stream, the short stream.
 KINDS = ("nonstream", "stream", "stream_short")
+#: The same three through ``AsyncOpenAI`` (attribution.py only; coroutine functions).
+ASYNC_KINDS = ("async_nonstream", "async_stream", "async_stream_short")
 
 
 class Calls:
@@ -133,6 +153,38 @@ class Calls:
             "nonstream": self.nonstream,
             "stream": self.stream,
             "stream_short": self.stream_short,
+        }
+
+    def async_by_kind(self) -> dict[str, Callable[[], Any]]:
+        """Coroutine functions for ASYNC_KINDS, on async clients made on first use (inside
+        the event loop that will run them)."""
+        p = self.payloads
+        nonstream = async_replay_client(p.nonstream, p.nonstream_type)
+        long_stream = async_replay_client(p.stream, p.stream_type)
+        short_stream = async_replay_client(p.stream_short, p.stream_type)
+
+        async def call() -> Any:
+            return await nonstream.chat.completions.create(
+                model=self.model, messages=MESSAGES, max_tokens=256
+            )
+
+        async def read(client: Any) -> int:
+            n = 0
+            stream = await client.chat.completions.create(
+                model=self.model,
+                messages=MESSAGES,
+                max_tokens=512,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            async for _chunk in stream:
+                n += 1
+            return n
+
+        return {
+            "async_nonstream": call,
+            "async_stream": lambda: read(long_stream),
+            "async_stream_short": lambda: read(short_stream),
         }
 
 
@@ -388,12 +440,14 @@ class Configuration:
     calls: dict[str, Callable[[], Any]]
     providers: Providers | None
     set_enabled: Callable[[bool], None]
+    #: The Calls behind ``calls`` (async kinds for configurations that wrap the SDK).
+    replay: Calls | None = None
 
 
 def setup_config(name: str, payloads: Payloads, sync_spans: bool = False) -> Configuration:
     calls = Calls(payloads)
     if name == "A":
-        return Configuration(calls.by_kind(), None, lambda enabled: None)
+        return Configuration(calls.by_kind(), None, lambda enabled: None, calls)
     providers = Providers(sync_spans)
     if name == "E":
         floor = Floor(providers, calls)
@@ -417,4 +471,4 @@ def setup_config(name: str, payloads: Payloads, sync_spans: bool = False) -> Con
     else:
         raise ValueError(f"unknown configuration {name!r}")
     switch.instrumented()
-    return Configuration(calls.by_kind(), providers, switch.set)
+    return Configuration(calls.by_kind(), providers, switch.set, calls)

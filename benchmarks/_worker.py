@@ -16,6 +16,7 @@ Protocol: one JSON object per line each way. Requests: ``{"op": "batch", "kind":
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import os
@@ -27,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _replay import load_payloads, setup_config
+from _replay import ASYNC_KINDS, load_payloads, setup_config
 
 
 def _rss_bytes() -> int:
@@ -107,6 +108,8 @@ class Worker:
         """Calls back to back: ``warmup`` seconds, then a ``measuring`` line, then
         ``seconds`` more, timed with this thread's CPU clock (what a profiler sampling
         the main thread sees)."""
+        if kind in ASYNC_KINDS:
+            return asyncio.run(self._aloop(kind, warmup, seconds, out))
         self.config.set_enabled(True)
         call = self.config.calls[kind]
         monotonic = time.monotonic
@@ -120,6 +123,26 @@ class Worker:
         deadline = monotonic() + seconds
         while monotonic() < deadline:
             call()
+            calls += 1
+        return {"calls": calls, "thread_cpu_ns": (time.thread_time_ns() - t0) / max(calls, 1)}
+
+    async def _aloop(self, kind: str, warmup: float, seconds: float, out: Any) -> dict[str, Any]:
+        """``loop`` for an async kind, in one event loop (floor E has none)."""
+        replay = self.config.replay
+        if replay is None:
+            raise SystemExit(f"config {self.name} has no async calls")
+        call = replay.async_by_kind()[kind]
+        monotonic = time.monotonic
+        deadline = monotonic() + warmup
+        while monotonic() < deadline:
+            await call()
+        out.write(json.dumps({"measuring": True}) + "\n")
+        out.flush()
+        calls = 0
+        t0 = time.thread_time_ns()
+        deadline = monotonic() + seconds
+        while monotonic() < deadline:
+            await call()
             calls += 1
         return {"calls": calls, "thread_cpu_ns": (time.thread_time_ns() - t0) / max(calls, 1)}
 

@@ -2,7 +2,10 @@
 
 Usage (from the repository root)::
 
-    python benchmarks/attribution.py [--quick] [--kind nonstream|stream] [--json FILE]
+    python benchmarks/attribution.py [--quick] [--configs B,E] [--kind KIND] [--json FILE]
+
+KIND: nonstream, stream, stream_short, or the same three through ``AsyncOpenAI``
+(async_nonstream, ...; not for the floor, E).
 
 Why this exists: ``overhead.py`` says how much CPU an instrumentation adds, not whose
 code spends it. Timing parts of our code in a tight loop understates them 2-4x (on the
@@ -46,6 +49,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _replay import ASYNC_KINDS, KINDS  # noqa: E402
 from overhead import WorkerProcess  # noqa: E402
 
 OWNERS = ("ours", "otel", "sdk", "bench", "other")
@@ -235,7 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke-test size (~30 s)")
     parser.add_argument(
-        "--kind", default="nonstream", choices=("nonstream", "stream", "stream_short")
+        "--kind",
+        default="nonstream",
+        choices=(*KINDS, *ASYNC_KINDS),
+        help="what each call is; async kinds run in one event loop (not for the floor, E)",
     )
     parser.add_argument("--configs", default="B,E", help="comma-separated, e.g. B,E,D")
     parser.add_argument("--seconds", type=float, help="sampling time per configuration")

@@ -51,3 +51,4 @@ step "overhead benchmark (smoke run; figures are not asserted)"
 
 step "in-situ attribution (smoke run; py-spy samples a worker; figures are not asserted)"
 "$PYTHON" benchmarks/attribution.py --quick
+"$PYTHON" benchmarks/attribution.py --quick --configs B --kind async_stream

@@ -121,6 +121,7 @@ class Calls:
         self.nonstream_client = replay_client(payloads.nonstream, payloads.nonstream_type)
         self.stream_client = replay_client(payloads.stream, payloads.stream_type)
         self.stream_short_client = replay_client(payloads.stream_short, payloads.stream_type)
+        self._async: dict[str, Callable[[], Any]] | None = None
 
     def nonstream(self) -> Any:
         return self.nonstream_client.chat.completions.create(
@@ -156,8 +157,13 @@ class Calls:
         }
 
     def async_by_kind(self) -> dict[str, Callable[[], Any]]:
-        """Coroutine functions for ASYNC_KINDS, on async clients made on first use (inside
-        the event loop that will run them)."""
+        """Coroutine functions for ASYNC_KINDS, on async clients made on first use (the
+        in-process transport binds to no event loop)."""
+        if self._async is None:
+            self._async = self._make_async()
+        return self._async
+
+    def _make_async(self) -> dict[str, Callable[[], Any]]:
         p = self.payloads
         nonstream = async_replay_client(p.nonstream, p.nonstream_type)
         long_stream = async_replay_client(p.stream, p.stream_type)
@@ -387,11 +393,29 @@ class Floor:
             "stream_short": lambda: self._stream(self.calls.stream_short_client),
         }
 
+    def async_by_kind(self) -> dict[str, Callable[[], Any]]:
+        """The async kinds, each bare async call (a stream read to its end) in one span."""
 
-#: The class attributes instrumentors replace (sync paths only: the benchmark is sync).
+        def around(call: Callable[[], Any]) -> Callable[[], Any]:
+            async def floor_call() -> Any:
+                span = self.tracer.start_span(
+                    self.name, kind=self._kind, attributes=self.start_attrs
+                )
+                result = await call()
+                self._finish(span)
+                return result
+
+            return floor_call
+
+        return {kind: around(call) for kind, call in self.calls.async_by_kind().items()}
+
+
+#: The class attributes instrumentors replace (sync and async).
 WRAPPED_ATTRIBUTES = (
     ("openai._base_client", "SyncAPIClient", "request"),
+    ("openai._base_client", "AsyncAPIClient", "request"),
     ("openai.resources.chat.completions", "Completions", "create"),
+    ("openai.resources.chat.completions", "AsyncCompletions", "create"),
 )
 
 
@@ -440,21 +464,24 @@ class Configuration:
     calls: dict[str, Callable[[], Any]]
     providers: Providers | None
     set_enabled: Callable[[bool], None]
-    #: The Calls behind ``calls`` (async kinds for configurations that wrap the SDK).
-    replay: Calls | None = None
+    #: Coroutine functions for ASYNC_KINDS, switched with ``calls``.
+    acalls: dict[str, Callable[[], Any]]
 
 
 def setup_config(name: str, payloads: Payloads, sync_spans: bool = False) -> Configuration:
     calls = Calls(payloads)
     if name == "A":
-        return Configuration(calls.by_kind(), None, lambda enabled: None, calls)
+        return Configuration(calls.by_kind(), None, lambda enabled: None, calls.async_by_kind())
     providers = Providers(sync_spans)
     if name == "E":
         floor = Floor(providers, calls)
-        config = Configuration(floor.by_kind(), providers, lambda enabled: None)
+        config = Configuration(
+            floor.by_kind(), providers, lambda enabled: None, floor.async_by_kind()
+        )
 
         def set_floor(enabled: bool) -> None:
             config.calls = floor.by_kind() if enabled else calls.by_kind()
+            config.acalls = floor.async_by_kind() if enabled else calls.async_by_kind()
 
         config.set_enabled = set_floor
         return config
@@ -471,4 +498,4 @@ def setup_config(name: str, payloads: Payloads, sync_spans: bool = False) -> Con
     else:
         raise ValueError(f"unknown configuration {name!r}")
     switch.instrumented()
-    return Configuration(calls.by_kind(), providers, switch.set, calls)
+    return Configuration(calls.by_kind(), providers, switch.set, calls.async_by_kind())

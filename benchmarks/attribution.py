@@ -5,7 +5,7 @@ Usage (from the repository root)::
     python benchmarks/attribution.py [--quick] [--configs B,E] [--kind KIND] [--json FILE]
 
 KIND: nonstream, stream, stream_short, or the same three through ``AsyncOpenAI``
-(async_nonstream, ...; not for the floor, E).
+(async_nonstream, ...).
 
 Why this exists: ``overhead.py`` says how much CPU an instrumentation adds, not whose
 code spends it. Timing parts of our code in a tight loop understates them 2-4x (on the
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         "--kind",
         default="nonstream",
         choices=(*KINDS, *ASYNC_KINDS),
-        help="what each call is; async kinds run in one event loop (not for the floor, E)",
+        help="what each call is; async kinds run in the worker's event loop",
     )
     parser.add_argument("--configs", default="B,E", help="comma-separated, e.g. B,E,D")
     parser.add_argument("--seconds", type=float, help="sampling time per configuration")

@@ -74,7 +74,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import _genai_venv  # noqa: E402
-from _replay import CONFIGS, load_payloads  # noqa: E402
+from _replay import ASYNC_KINDS, CONFIGS, KINDS, load_payloads  # noqa: E402
 
 DEFAULT_PNG = HERE / "out" / "overhead.png"
 ORDER = ("A", "B", "C", "D", "E")
@@ -155,15 +155,22 @@ def start_workers(names: tuple[str, ...], *flags: str) -> dict[str, WorkerProces
     return workers
 
 
-def run_timing(plan: Plan, log: Any) -> tuple[dict[str, dict[str, list[float]]], dict[str, Any]]:
-    """CPU µs per call, per configuration and kind, one entry per round."""
+def run_timing(
+    plan: Plan, log: Any, kinds: tuple[str, str, str] = KINDS
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, Any]]:
+    """CPU µs per call, per configuration and kind, one entry per round.
+
+    ``kinds``: the non-streaming, long-stream and short-stream kinds to time (the sync
+    ones, or ASYNC_KINDS).
+    """
     workers = start_workers(NAMES)
     try:
         described = {name: w.ask({"op": "describe"}) for name, w in workers.items()}
+        nonstream, stream, stream_short = kinds
         sizes = {
-            "nonstream": plan.nonstream_batch,
-            "stream": plan.stream_batch,
-            "stream_short": plan.stream_short_batch,
+            nonstream: plan.nonstream_batch,
+            stream: plan.stream_batch,
+            stream_short: plan.stream_short_batch,
         }
         for _ in range(plan.warmup_batches):
             for w in workers.values():
@@ -180,7 +187,7 @@ def run_timing(plan: Plan, log: Any) -> tuple[dict[str, dict[str, list[float]]],
             if r % 2:
                 order = order[::-1]
             for kind, n in sizes.items():
-                pairs = plan.stream_pairs if kind == "stream" else 1
+                pairs = plan.stream_pairs if kind == stream else 1
                 for name in order:
                     for pair in range(pairs):
                         # on/off order alternates by round and by pair
@@ -233,18 +240,24 @@ def _pkg(name: str) -> str | None:
 
 
 def summarise(
-    samples: dict[str, dict[str, dict[str, list[float]]]], chunks: int, short_chunks: int
+    samples: dict[str, dict[str, dict[str, list[float]]]],
+    chunks: int,
+    short_chunks: int,
+    kinds: tuple[str, str, str] = KINDS,
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
     """Medians per config/kind, and overheads: the median over rounds of (on - off) in
-    the same worker process, so a process's own memory layout cancels out."""
+    the same worker process, so a process's own memory layout cancels out. Both are
+    keyed by the sync kinds' names, whichever ``kinds`` were timed."""
+    names = dict(zip(kinds, KINDS, strict=True))
     med = {
-        n: {k: statistics.median(v["on"]) for k, v in kinds.items()} for n, kinds in samples.items()
+        n: {names[k]: statistics.median(v["on"]) for k, v in by_kind.items()}
+        for n, by_kind in samples.items()
     }
     over: dict[str, dict[str, float]] = {}
     for name in NAMES[1:]:
         over[name] = {}
-        for kind in ("nonstream", "stream", "stream_short"):
-            pairs = samples[name][kind]
+        for timed, kind in names.items():
+            pairs = samples[name][timed]
             diffs = [x - a for x, a in zip(pairs["on"], pairs["off"], strict=True)]
             over[name][kind] = statistics.median(diffs)
             over[name][f"{kind}_off"] = statistics.median(pairs["off"])
@@ -254,6 +267,41 @@ def summarise(
         # The simpler estimate: the non-streaming call's overhead as the per-call part.
         o["per_chunk_vs_nonstream"] = (o["stream"] - o["nonstream"]) / chunks
     return med, over
+
+
+def async_figures(
+    med: dict[str, dict[str, float]], over: dict[str, dict[str, float]]
+) -> dict[str, Any]:
+    """The async pass's medians, overheads and its three ratios (no targets: the issue's
+    targets are for the sync client)."""
+    b, d, e = over["B"], over["D"], over["E"]
+    return {
+        "median_us_per_call": med,
+        "overhead_us": over,
+        "figures": {
+            "async_overhead_vs_openai_v2": b["nonstream"] / d["nonstream"]
+            if d["nonstream"]
+            else None,
+            "async_overhead_vs_floor": b["nonstream"] / e["nonstream"] if e["nonstream"] else None,
+            "async_stream_us_per_chunk": b["per_chunk"],
+        },
+    }
+
+
+def render_async(result: dict[str, Any]) -> str:
+    med, over = result["median_us_per_call"], result["overhead_us"]
+    lines = [
+        f"{'config':28} {'µs/call':>9} {'+µs':>8} {'stream µs':>10} {'+µs':>8} {'+µs/chunk':>10}",
+        "-" * 78,
+    ]
+    for name in NAMES:
+        o = over.get(name, {"nonstream": 0.0, "stream": 0.0, "per_chunk": 0.0})
+        lines.append(
+            f"{name + ' ' + CONFIGS[name][0]:28} {med[name]['nonstream']:9.1f} "
+            f"{o['nonstream']:+8.1f} {med[name]['stream']:10.1f} {o['stream']:+8.1f} "
+            f"{o['per_chunk']:+10.2f}"
+        )
+    return "\n".join(lines)
 
 
 def render_table(
@@ -335,6 +383,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help="override the number of timing rounds")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory run")
     parser.add_argument(
+        "--async",
+        dest="async_",
+        action="store_true",
+        help="also time every configuration through AsyncOpenAI (a second pass, after the "
+        "sync one, with the same plan)",
+    )
+    parser.add_argument(
         "--genai-openai-python",
         metavar="PYTHON",
         help="time opentelemetry-instrumentation-genai-openai (config F) in this "
@@ -375,6 +430,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     samples, described = run_timing(plan, log)
     med, over = summarise(samples, chunks, short_chunks)
+    async_result: dict[str, Any] = {}
+    if args.async_:
+        print("async pass (AsyncOpenAI, one event loop per worker)", file=log, flush=True)
+        a_samples, _ = run_timing(plan, log, ASYNC_KINDS)
+        a_med, a_over = summarise(a_samples, chunks, short_chunks, ASYNC_KINDS)
+        async_result = async_figures(a_med, a_over)
+        async_result["samples_us"] = a_samples
 
     memory: dict[str, Any] = {}
     rss_growth = None
@@ -447,6 +509,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ours_above_floor_us: {b['nonstream'] - e['nonstream']:.1f}")
     if "F" in over and over["F"]["nonstream"]:
         print(f"overhead_vs_genai_openai: {b['nonstream'] / over['F']['nonstream']:.3f}")
+    if async_result:
+        print()
+        print("Through AsyncOpenAI (same payloads and plan; + = median of on - off, µs):")
+        print(render_async(async_result))
+        for key, value in async_result["figures"].items():
+            print(f"{key}: {'n/a' if value is None else f'{value:.3f}'}")
     print()
     for key, value in figures.items():
         verdict = "not measured" if value is None else "met" if value <= TARGETS[key] else "MISSED"
@@ -483,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         "stream_chunks": chunks,
         "stream_short_chunks": short_chunks,
         "stream_us_per_chunk_vs_nonstream": b["per_chunk_vs_nonstream"],
+        "async": async_result,
         "floor_vs_openai_v2": e["nonstream"] / d["nonstream"] if d["nonstream"] else None,
         "ours_above_floor_us": b["nonstream"] - e["nonstream"],
         "environment": {

@@ -47,7 +47,7 @@ if [[ $status -ne 0 ]]; then
 fi
 
 step "overhead benchmark (smoke run; figures are not asserted)"
-"$PYTHON" benchmarks/overhead.py --quick
+"$PYTHON" benchmarks/overhead.py --quick --async
 
 step "in-situ attribution (smoke run; py-spy samples a worker; figures are not asserted)"
 "$PYTHON" benchmarks/attribution.py --quick

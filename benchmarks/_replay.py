@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,10 @@ def load_payloads(data: Path = DATA) -> Payloads:
     )
 
 
-def replay_client(body: bytes, content_type: str) -> Any:
-    """An ``openai.OpenAI`` whose every request is answered with ``body`` in process."""
+def replay_client(body: bytes, content_type: str, asynchronous: bool = False) -> Any:
+    """An ``openai.OpenAI`` (``AsyncOpenAI`` when ``asynchronous``) whose every request is
+    answered with ``body`` in process. One sync handler serves both: ``MockTransport``
+    awaits a handler's result only when it is awaitable."""
     import httpx2
     import openai
 
@@ -80,29 +83,14 @@ def replay_client(body: bytes, content_type: str) -> Any:
     def handler(request: Any) -> Any:
         return httpx2.Response(200, headers=headers, content=body)
 
-    return openai.OpenAI(
-        base_url="http://127.0.0.1:8000/v1",
-        api_key="sk-bench",
-        max_retries=0,
-        http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
+    sdk, http = (
+        (openai.AsyncOpenAI, httpx2.AsyncClient) if asynchronous else (openai.OpenAI, httpx2.Client)
     )
-
-
-def async_replay_client(body: bytes, content_type: str) -> Any:
-    """``replay_client`` for ``openai.AsyncOpenAI``."""
-    import httpx2
-    import openai
-
-    headers = {"content-type": content_type}
-
-    async def handler(request: Any) -> Any:
-        return httpx2.Response(200, headers=headers, content=body)
-
-    return openai.AsyncOpenAI(
+    return sdk(
         base_url="http://127.0.0.1:8000/v1",
         api_key="sk-bench",
         max_retries=0,
-        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)),
+        http_client=http(transport=httpx2.MockTransport(handler)),
     )
 
 
@@ -121,14 +109,16 @@ class Calls:
         self.nonstream_client = replay_client(payloads.nonstream, payloads.nonstream_type)
         self.stream_client = replay_client(payloads.stream, payloads.stream_type)
         self.stream_short_client = replay_client(payloads.stream_short, payloads.stream_type)
-        self._async: dict[str, Callable[[], Any]] | None = None
+
+    def create(self, client: Any) -> Any:
+        """The non-streaming request (a coroutine on an async client)."""
+        return client.chat.completions.create(model=self.model, messages=MESSAGES, max_tokens=256)
 
     def nonstream(self) -> Any:
-        return self.nonstream_client.chat.completions.create(
-            model=self.model, messages=MESSAGES, max_tokens=256
-        )
+        return self.create(self.nonstream_client)
 
     def open_stream(self, client: Any) -> Any:
+        """The streaming request (a coroutine on an async client)."""
         return client.chat.completions.create(
             model=self.model,
             messages=MESSAGES,
@@ -156,34 +146,21 @@ class Calls:
             "stream_short": self.stream_short,
         }
 
+    @cached_property
     def async_by_kind(self) -> dict[str, Callable[[], Any]]:
         """Coroutine functions for ASYNC_KINDS, on async clients made on first use (the
         in-process transport binds to no event loop)."""
-        if self._async is None:
-            self._async = self._make_async()
-        return self._async
-
-    def _make_async(self) -> dict[str, Callable[[], Any]]:
         p = self.payloads
-        nonstream = async_replay_client(p.nonstream, p.nonstream_type)
-        long_stream = async_replay_client(p.stream, p.stream_type)
-        short_stream = async_replay_client(p.stream_short, p.stream_type)
+        nonstream = replay_client(p.nonstream, p.nonstream_type, asynchronous=True)
+        long_stream = replay_client(p.stream, p.stream_type, asynchronous=True)
+        short_stream = replay_client(p.stream_short, p.stream_type, asynchronous=True)
 
         async def call() -> Any:
-            return await nonstream.chat.completions.create(
-                model=self.model, messages=MESSAGES, max_tokens=256
-            )
+            return await self.create(nonstream)
 
         async def read(client: Any) -> int:
             n = 0
-            stream = await client.chat.completions.create(
-                model=self.model,
-                messages=MESSAGES,
-                max_tokens=512,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-            async for _chunk in stream:
+            async for _chunk in await self.open_stream(client):
                 n += 1
             return n
 
@@ -393,6 +370,7 @@ class Floor:
             "stream_short": lambda: self._stream(self.calls.stream_short_client),
         }
 
+    @cached_property
     def async_by_kind(self) -> dict[str, Callable[[], Any]]:
         """The async kinds, each bare async call (a stream read to its end) in one span."""
 
@@ -407,7 +385,7 @@ class Floor:
 
             return floor_call
 
-        return {kind: around(call) for kind, call in self.calls.async_by_kind().items()}
+        return {kind: around(call) for kind, call in self.calls.async_by_kind.items()}
 
 
 #: The class attributes instrumentors replace (sync and async).
@@ -471,17 +449,17 @@ class Configuration:
 def setup_config(name: str, payloads: Payloads, sync_spans: bool = False) -> Configuration:
     calls = Calls(payloads)
     if name == "A":
-        return Configuration(calls.by_kind(), None, lambda enabled: None, calls.async_by_kind())
+        return Configuration(calls.by_kind(), None, lambda enabled: None, calls.async_by_kind)
     providers = Providers(sync_spans)
     if name == "E":
         floor = Floor(providers, calls)
         config = Configuration(
-            floor.by_kind(), providers, lambda enabled: None, floor.async_by_kind()
+            floor.by_kind(), providers, lambda enabled: None, floor.async_by_kind
         )
 
         def set_floor(enabled: bool) -> None:
             config.calls = floor.by_kind() if enabled else calls.by_kind()
-            config.acalls = floor.async_by_kind() if enabled else calls.async_by_kind()
+            config.acalls = floor.async_by_kind if enabled else calls.async_by_kind
 
         config.set_enabled = set_floor
         return config
@@ -498,4 +476,4 @@ def setup_config(name: str, payloads: Payloads, sync_spans: bool = False) -> Con
     else:
         raise ValueError(f"unknown configuration {name!r}")
     switch.instrumented()
-    return Configuration(calls.by_kind(), providers, switch.set, calls.async_by_kind())
+    return Configuration(calls.by_kind(), providers, switch.set, calls.async_by_kind)

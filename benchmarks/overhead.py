@@ -155,54 +155,67 @@ def start_workers(names: tuple[str, ...], *flags: str) -> dict[str, WorkerProces
     return workers
 
 
-def run_timing(
-    plan: Plan, log: Any, kinds: tuple[str, str, str] = KINDS
-) -> tuple[dict[str, dict[str, list[float]]], dict[str, Any]]:
-    """CPU µs per call, per configuration and kind, one entry per round.
+Samples = dict[str, dict[str, dict[str, list[float]]]]
 
-    ``kinds``: the non-streaming, long-stream and short-stream kinds to time (the sync
-    ones, or ASYNC_KINDS).
+
+def run_timing(
+    plan: Plan, log: Any, passes: tuple[tuple[str, str, str], ...] = (KINDS,)
+) -> tuple[list[Samples], dict[str, Any]]:
+    """CPU µs per call, per configuration and kind, one entry per round; one Samples per
+    pass, timed one after the other by the same workers.
+
+    A pass is its non-streaming, long-stream and short-stream kinds (KINDS, or
+    ASYNC_KINDS).
     """
     workers = start_workers(NAMES)
     try:
         described = {name: w.ask({"op": "describe"}) for name, w in workers.items()}
-        nonstream, stream, stream_short = kinds
-        sizes = {
-            nonstream: plan.nonstream_batch,
-            stream: plan.stream_batch,
-            stream_short: plan.stream_short_batch,
-        }
-        for _ in range(plan.warmup_batches):
-            for w in workers.values():
-                for kind, n in sizes.items():
-                    for enabled in (False, True):
-                        w.ask({"op": "batch", "kind": kind, "n": n, "enabled": enabled})
-        # samples[name][kind][state]: "on" is the configuration, "off" the same worker
-        # with its instrumentation switched off (the bare SDK in the same process).
-        samples: dict[str, dict[str, dict[str, list[float]]]] = {
-            name: {kind: {"on": [], "off": []} for kind in sizes} for name in NAMES
-        }
-        for r in range(plan.rounds):
-            order = NAMES[r % len(NAMES) :] + NAMES[: r % len(NAMES)]
-            if r % 2:
-                order = order[::-1]
-            for kind, n in sizes.items():
-                pairs = plan.stream_pairs if kind == stream else 1
-                for name in order:
-                    for pair in range(pairs):
-                        # on/off order alternates by round and by pair
-                        states = ("on", "off") if (r + pair) % 2 else ("off", "on")
-                        for state in states if name != "A" else ("on",):
-                            reply = workers[name].ask(
-                                {"op": "batch", "kind": kind, "n": n, "enabled": state == "on"}
-                            )
-                            samples[name][kind][state].append(reply["cpu_ns"] / 1000.0)
-            if log and (r + 1) % max(1, plan.rounds // 4) == 0:
-                print(f"  timing: round {r + 1}/{plan.rounds}", file=log, flush=True)
+        results = []
+        for number, kinds in enumerate(passes):
+            if number:
+                print(f"  pass {number + 1}: {', '.join(kinds)}", file=log, flush=True)
+            results.append(_time_pass(plan, log, workers, kinds))
     finally:
         for w in workers.values():
             w.close()
-    return samples, described
+    return results, described
+
+
+def _time_pass(
+    plan: Plan, log: Any, workers: dict[str, WorkerProcess], kinds: tuple[str, str, str]
+) -> Samples:
+    nonstream, stream, stream_short = kinds
+    sizes = {
+        nonstream: plan.nonstream_batch,
+        stream: plan.stream_batch,
+        stream_short: plan.stream_short_batch,
+    }
+    for _ in range(plan.warmup_batches):
+        for w in workers.values():
+            for kind, n in sizes.items():
+                for enabled in (False, True):
+                    w.ask({"op": "batch", "kind": kind, "n": n, "enabled": enabled})
+    # samples[name][kind][state]: "on" is the configuration, "off" the same worker
+    # with its instrumentation switched off (the bare SDK in the same process).
+    samples: Samples = {name: {kind: {"on": [], "off": []} for kind in sizes} for name in NAMES}
+    for r in range(plan.rounds):
+        order = NAMES[r % len(NAMES) :] + NAMES[: r % len(NAMES)]
+        if r % 2:
+            order = order[::-1]
+        for kind, n in sizes.items():
+            pairs = plan.stream_pairs if kind == stream else 1
+            for name in order:
+                for pair in range(pairs):
+                    # on/off order alternates by round and by pair
+                    states = ("on", "off") if (r + pair) % 2 else ("off", "on")
+                    for state in states if name != "A" else ("on",):
+                        reply = workers[name].ask(
+                            {"op": "batch", "kind": kind, "n": n, "enabled": state == "on"}
+                        )
+                        samples[name][kind][state].append(reply["cpu_ns"] / 1000.0)
+        if log and (r + 1) % max(1, plan.rounds // 4) == 0:
+            print(f"  timing: round {r + 1}/{plan.rounds}", file=log, flush=True)
+    return samples
 
 
 def run_memory(plan: Plan) -> dict[str, dict[str, Any]]:
@@ -240,7 +253,7 @@ def _pkg(name: str) -> str | None:
 
 
 def summarise(
-    samples: dict[str, dict[str, dict[str, list[float]]]],
+    samples: Samples,
     chunks: int,
     short_chunks: int,
     kinds: tuple[str, str, str] = KINDS,
@@ -269,22 +282,29 @@ def summarise(
     return med, over
 
 
+def ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+def shared_figures(over: dict[str, dict[str, float]]) -> dict[str, float | None]:
+    """The three figures both passes report: (B-A)/(D-A), (B-A)/(E-A), B's per-chunk slope."""
+    b = over["B"]
+    return {
+        "overhead_vs_openai_v2": ratio(b["nonstream"], over["D"]["nonstream"]),
+        "overhead_vs_floor": ratio(b["nonstream"], over["E"]["nonstream"]),
+        "stream_us_per_chunk": b["per_chunk"],
+    }
+
+
 def async_figures(
     med: dict[str, dict[str, float]], over: dict[str, dict[str, float]]
 ) -> dict[str, Any]:
-    """The async pass's medians, overheads and its three ratios (no targets: the issue's
+    """The async pass's medians, overheads and its three figures (no targets: the issue's
     targets are for the sync client)."""
-    b, d, e = over["B"], over["D"], over["E"]
     return {
         "median_us_per_call": med,
         "overhead_us": over,
-        "figures": {
-            "async_overhead_vs_openai_v2": b["nonstream"] / d["nonstream"]
-            if d["nonstream"]
-            else None,
-            "async_overhead_vs_floor": b["nonstream"] / e["nonstream"] if e["nonstream"] else None,
-            "async_stream_us_per_chunk": b["per_chunk"],
-        },
+        "figures": {f"async_{key}": value for key, value in shared_figures(over).items()},
     }
 
 
@@ -428,15 +448,14 @@ def main(argv: list[str] | None = None) -> int:
         file=log,
         flush=True,
     )
-    samples, described = run_timing(plan, log)
+    passes, described = run_timing(plan, log, (KINDS, ASYNC_KINDS) if args.async_ else (KINDS,))
+    samples = passes[0]
     med, over = summarise(samples, chunks, short_chunks)
     async_result: dict[str, Any] = {}
     if args.async_:
-        print("async pass (AsyncOpenAI, one event loop per worker)", file=log, flush=True)
-        a_samples, _ = run_timing(plan, log, ASYNC_KINDS)
-        a_med, a_over = summarise(a_samples, chunks, short_chunks, ASYNC_KINDS)
+        a_med, a_over = summarise(passes[1], chunks, short_chunks, ASYNC_KINDS)
         async_result = async_figures(a_med, a_over)
-        async_result["samples_us"] = a_samples
+        async_result["samples_us"] = passes[1]
 
     memory: dict[str, Any] = {}
     rss_growth = None
@@ -456,9 +475,7 @@ def main(argv: list[str] | None = None) -> int:
 
     b, d, e = over["B"], over["D"], over["E"]
     figures = {
-        "overhead_vs_openai_v2": b["nonstream"] / d["nonstream"] if d["nonstream"] else None,
-        "overhead_vs_floor": b["nonstream"] / e["nonstream"] if e["nonstream"] else None,
-        "stream_us_per_chunk": b["per_chunk"],
+        **shared_figures(over),
         "parse_us_10k_steps": parse_us,
         "rss_growth_mb_100k_calls": rss_growth,
     }
@@ -504,8 +521,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"stream_us_per_chunk_vs_nonstream: {b['per_chunk_vs_nonstream']:.3f}")
     # The floor against openai-v2: the least overhead_vs_openai_v2 that any code emitting
     # B's span and histogram records through this OTel SDK can reach.
-    if d["nonstream"]:
-        print(f"floor_vs_openai_v2: {e['nonstream'] / d['nonstream']:.3f}")
+    floor_vs_openai_v2 = ratio(e["nonstream"], d["nonstream"])
+    if floor_vs_openai_v2 is not None:
+        print(f"floor_vs_openai_v2: {floor_vs_openai_v2:.3f}")
     print(f"ours_above_floor_us: {b['nonstream'] - e['nonstream']:.1f}")
     if "F" in over and over["F"]["nonstream"]:
         print(f"overhead_vs_genai_openai: {b['nonstream'] / over['F']['nonstream']:.3f}")
@@ -552,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         "stream_short_chunks": short_chunks,
         "stream_us_per_chunk_vs_nonstream": b["per_chunk_vs_nonstream"],
         "async": async_result,
-        "floor_vs_openai_v2": e["nonstream"] / d["nonstream"] if d["nonstream"] else None,
+        "floor_vs_openai_v2": floor_vs_openai_v2,
         "ours_above_floor_us": b["nonstream"] - e["nonstream"],
         "environment": {
             "python": platform.python_version(),

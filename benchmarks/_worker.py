@@ -162,6 +162,12 @@ class Worker:
             calls += 1
         return {"calls": calls, "thread_cpu_ns": (time.thread_time_ns() - t0) / max(calls, 1)}
 
+    def close(self) -> None:
+        """Finish the async generators the SDK's streams left to the loop, then close it
+        (otherwise their pending finalizers are reported at exit)."""
+        self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+        self._loop.close()
+
     def _settle(self) -> None:
         if self.providers is not None:
             self.providers.flush()
@@ -191,6 +197,7 @@ def main() -> int:
             reply = {"error": f"unknown op {op!r}"}
         out.write(json.dumps(reply) + "\n")
         out.flush()
+    worker.close()
     return 0
 
 

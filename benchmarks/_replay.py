@@ -34,6 +34,11 @@ CONFIGS: dict[str, tuple[str, str]] = {
     "C": ("ours enrich + openai-v2", "openai-v2 span, spec_decode_otel enriching it"),
     "D": ("openai-v2", "opentelemetry-instrumentation-openai-v2 alone"),
     "E": ("floor", "SDK call + one bare span (same attribute count) + same metric records"),
+    "G": (
+        "minimal wrapper",
+        "a yardstick, not an instrumentation: E plus a wrapper that makes the span "
+        "current and reads the stats with no validation (benchmarks/_minimal.py)",
+    ),
     "F": (
         "genai-openai",
         "opentelemetry-instrumentation-genai-openai alone (own venv: it needs a newer "
@@ -243,16 +248,20 @@ class Providers:
         self.tracer_provider.force_flush()
         self.logger_provider.force_flush()
 
-    def histogram_records(self) -> int:
-        """Synchronous histogram records so far (sum of every data point's count)."""
-        total = 0
+    def metric_totals(self) -> tuple[int, int]:
+        """Synchronous histogram records so far (the sum of every histogram point's
+        count), and the sum of every counter point's value (all counters together)."""
+        records = counted = 0
         data = self.metric_reader.get_metrics_data()
         for rm in data.resource_metrics if data else ():
             for sm in rm.scope_metrics:
                 for metric in sm.metrics:
                     for point in metric.data.data_points:
-                        total += getattr(point, "count", 0) or 0
-        return total
+                        if hasattr(point, "count"):
+                            records += point.count or 0
+                        else:
+                            counted += point.value
+        return records, counted
 
 
 # -- the configurations ------------------------------------------------------------------
@@ -473,6 +482,10 @@ def setup_config(name: str, payloads: Payloads, sync_spans: bool = False) -> Con
         instrument_openai_v2(providers)
     elif name == "F":
         instrument_genai_openai(providers)
+    elif name == "G":
+        from _minimal import Minimal
+
+        Minimal(providers, calls.model).install()
     else:
         raise ValueError(f"unknown configuration {name!r}")
     switch.instrumented()

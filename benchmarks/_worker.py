@@ -76,7 +76,8 @@ class Worker:
         return {"cpu_ns": (c1 - c0) / n, "wall_ns": (w1 - w0) / n}
 
     def describe(self) -> dict[str, Any]:
-        """Spans, span attributes and synchronous histogram records per call, by kind."""
+        """Spans, span attributes, synchronous histogram records and the sum of every
+        counter's increase per call, by kind."""
         out: dict[str, Any] = {"config": self.name}
         config = self.config
         config.set_enabled(True)
@@ -87,14 +88,17 @@ class Worker:
             return out
         for kind, call in config.calls.items():
             p.flush()
-            spans0, records0 = p.span_exporter.exported, p.histogram_records()
+            spans0 = p.span_exporter.exported
+            records0, counted0 = p.metric_totals()
             call()
             p.flush()
+            records, counted = p.metric_totals()
             out[kind] = {
                 "spans": p.span_exporter.exported - spans0,
                 "span_attributes": p.span_exporter.last_attribute_count,
                 "span_scope": p.span_exporter.last_scope,
-                "histogram_records": p.histogram_records() - records0,
+                "histogram_records": records - records0,
+                "counted": counted - counted0,
             }
         return out
 

@@ -30,6 +30,7 @@ class Minimal:
     """Wraps ``SyncAPIClient.request``/``AsyncAPIClient.request`` with the bare minimum."""
 
     def __init__(self, providers: Any, model: str) -> None:
+        from _replay import reference_attributes
         from openai import AsyncStream, Stream
         from opentelemetry import context, trace
         from opentelemetry.metrics import Observation
@@ -67,19 +68,7 @@ class Minimal:
 
             meter.create_observable_counter(name, callbacks=[observe])
         self.name = f"chat {model}"
-        self.start_attrs = {
-            t.GEN_AI_OPERATION_NAME: "chat",
-            t.GEN_AI_PROVIDER_NAME: "openai",
-            t.GEN_AI_REQUEST_MODEL: model,
-            t.SERVER_ADDRESS: "127.0.0.1",
-            t.SERVER_PORT: 8000,
-        }
-        self.metric_attrs = {
-            **self.start_attrs,
-            t.GEN_AI_RESPONSE_MODEL: model,
-            t.SD_ENGINE: "vllm",
-            t.SD_NUM_SPEC_TOKENS: 4,
-        }
+        self.start_attrs, self.metric_attrs = reference_attributes(model)
 
     def install(self) -> None:
         wrapt.wrap_function_wrapper(*_TARGETS[0], self._request)

@@ -299,6 +299,22 @@ def instrument_openai_v2(providers: Providers) -> None:
     )
 
 
+def reference_attributes(model: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The span start attributes and the spec-decode metric attribute set that B gives
+    the replayed calls, for the reference configurations (E, G) to emit as well."""
+    from spec_decode_otel import telemetry as t
+
+    start = {
+        t.GEN_AI_OPERATION_NAME: "chat",
+        t.GEN_AI_PROVIDER_NAME: "openai",
+        t.GEN_AI_REQUEST_MODEL: model,
+        t.SERVER_ADDRESS: "127.0.0.1",
+        t.SERVER_PORT: 8000,
+    }
+    spec = {**start, t.GEN_AI_RESPONSE_MODEL: model, t.SD_ENGINE: "vllm", t.SD_NUM_SPEC_TOKENS: 4}
+    return start, spec
+
+
 class Floor:
     """Config E: the SDK call plus exactly the OTel work our wrapper ends up doing —
     one span started and ended with the same number of attributes, and the same number
@@ -320,13 +336,7 @@ class Floor:
         self.h_rate = meter.create_histogram(t.M_DRAFT_ACCEPTANCE_RATE, unit="1")
         model = calls.model
         self.name = f"chat {model}"
-        self.start_attrs = {
-            t.GEN_AI_OPERATION_NAME: "chat",
-            t.GEN_AI_PROVIDER_NAME: "openai",
-            t.GEN_AI_REQUEST_MODEL: model,
-            t.SERVER_ADDRESS: "127.0.0.1",
-            t.SERVER_PORT: 8000,
-        }
+        self.start_attrs, self.m_sd = reference_attributes(model)
         self.end_attrs = {
             t.GEN_AI_RESPONSE_MODEL: model,
             t.GEN_AI_USAGE_INPUT_TOKENS: 11,
@@ -341,15 +351,6 @@ class Floor:
             t.SD_NUM_SPEC_TOKENS: 4,
             t.SD_ACCEPTANCE_HISTOGRAM: [25, 17, 13, 12, 23],
         }
-        base = {
-            t.GEN_AI_OPERATION_NAME: "chat",
-            t.GEN_AI_PROVIDER_NAME: "openai",
-            t.GEN_AI_REQUEST_MODEL: model,
-            t.SERVER_ADDRESS: "127.0.0.1",
-            t.SERVER_PORT: 8000,
-            t.GEN_AI_RESPONSE_MODEL: model,
-        }
-        self.m_sd = {**base, t.SD_ENGINE: "vllm", t.SD_NUM_SPEC_TOKENS: 4}
 
     def _finish(self, span: Any) -> None:
         span.set_attributes(self.end_attrs)

@@ -22,7 +22,10 @@ wrap classes process-wide), all with real OTel SDK providers — spans through a
   C  ours in ``auto`` mode under opentelemetry-instrumentation-openai-v2 (enriching its span);
   D  opentelemetry-instrumentation-openai-v2 alone (also given a real LoggerProvider);
   E  the floor: the same SDK call plus one bare span carrying our attribute count and
-     the same number of synchronous histogram records B makes; no wrapping logic.
+     the same number of synchronous histogram records B makes; no wrapping logic;
+  G  a yardstick: E plus a minimal wrapper that makes the span current and copies the
+     stats into B's telemetry without checking anything (``_minimal.py``);
+  F  (full runs) opentelemetry-instrumentation-genai-openai alone, in its own venv.
 
 The parent drives one worker at a time, rotating the order every round, so batches of
 all configurations interleave in time; each worker reports the process CPU time
@@ -52,6 +55,11 @@ Figures:
                              exporter there (a batch processor's bounded queue would move
                              the RSS high-water mark with the export thread's scheduling);
                              --quick: tracemalloc growth over 1,500 calls, scaled to 100k
+
+No targets, from config G (``_minimal.py``, the least a wrapping instrumentation adds):
+minimal_vs_openai_v2, minimal_vs_floor, minimal_us_per_chunk, ours_above_minimal_us.
+Each ratio and slope also gets a 95 % bootstrap interval (``interval <name>: lo .. hi``):
+a target whose interval straddles it is not decided by the run.
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -266,20 +275,76 @@ def summarise(
         n: {names[k]: statistics.median(v["on"]) for k, v in by_kind.items()}
         for n, by_kind in samples.items()
     }
-    over: dict[str, dict[str, float]] = {}
-    for name in NAMES[1:]:
-        over[name] = {}
+    over = overheads(paired_differences(samples, kinds), chunks, short_chunks)
+    for name, o in over.items():
         for timed, kind in names.items():
-            pairs = samples[name][timed]
-            diffs = [x - a for x, a in zip(pairs["on"], pairs["off"], strict=True)]
-            over[name][kind] = statistics.median(diffs)
-            over[name][f"{kind}_off"] = statistics.median(pairs["off"])
-        o = over[name]
+            o[f"{kind}_off"] = statistics.median(samples[name][timed]["off"])
+    return med, over
+
+
+def paired_differences(
+    samples: Samples, kinds: tuple[str, str, str] = KINDS
+) -> dict[str, dict[str, list[float]]]:
+    """(on - off) per batch pair, per instrumented configuration, keyed by sync kind."""
+    names = dict(zip(kinds, KINDS, strict=True))
+    return {
+        name: {
+            kind: [
+                x - a
+                for x, a in zip(
+                    samples[name][timed]["on"], samples[name][timed]["off"], strict=True
+                )
+            ]
+            for timed, kind in names.items()
+        }
+        for name in NAMES[1:]
+    }
+
+
+def overheads(
+    diffs: dict[str, dict[str, list[float]]], chunks: int, short_chunks: int
+) -> dict[str, dict[str, float]]:
+    """Each configuration's overhead per kind (the median of its paired differences) and
+    per chunk."""
+    over: dict[str, dict[str, float]] = {}
+    for name, by_kind in diffs.items():
+        o = over[name] = {kind: statistics.median(d) for kind, d in by_kind.items()}
         # Marginal cost of a chunk: the long and the short stream differ only in chunks.
         o["per_chunk"] = (o["stream"] - o["stream_short"]) / (chunks - short_chunks)
         # The simpler estimate: the non-streaming call's overhead as the per-call part.
         o["per_chunk_vs_nonstream"] = (o["stream"] - o["nonstream"]) / chunks
-    return med, over
+    return over
+
+
+def intervals(
+    diffs: dict[str, dict[str, list[float]]],
+    chunks: int,
+    short_chunks: int,
+    figures: Any,
+    iterations: int = 2000,
+    seed: int = 0,
+) -> dict[str, tuple[float, float]]:
+    """95 % bootstrap intervals of ``figures(over)``: every configuration's paired
+    differences resampled with replacement, the figures recomputed each time.
+
+    A figure's interval says how far another run of the same code could put it on this
+    machine, which one run's median alone does not.
+    """
+    rng = random.Random(seed)
+    drawn: dict[str, list[float]] = {}
+    for _ in range(iterations):
+        resampled = {
+            name: {kind: rng.choices(d, k=len(d)) for kind, d in by_kind.items()}
+            for name, by_kind in diffs.items()
+        }
+        for key, value in figures(overheads(resampled, chunks, short_chunks)).items():
+            if value is not None:
+                drawn.setdefault(key, []).append(value)
+    out = {}
+    for key, values in drawn.items():
+        values.sort()
+        out[key] = (values[int(0.025 * len(values))], values[int(0.975 * len(values)) - 1])
+    return out
 
 
 def ratio(numerator: float, denominator: float) -> float | None:
@@ -308,6 +373,14 @@ def minimal_figures(over: dict[str, dict[str, float]]) -> dict[str, float | None
     }
 
 
+def both_figures(over: dict[str, dict[str, float]]) -> dict[str, float | None]:
+    return {**shared_figures(over), **minimal_figures(over)}
+
+
+def render_intervals(found: dict[str, tuple[float, float]]) -> str:
+    return "\n".join(f"interval {key}: {lo:.3f} .. {hi:.3f}" for key, (lo, hi) in found.items())
+
+
 def async_figures(
     med: dict[str, dict[str, float]], over: dict[str, dict[str, float]]
 ) -> dict[str, Any]:
@@ -316,10 +389,7 @@ def async_figures(
     return {
         "median_us_per_call": med,
         "overhead_us": over,
-        "figures": {
-            f"async_{key}": value
-            for key, value in {**shared_figures(over), **minimal_figures(over)}.items()
-        },
+        "figures": {f"async_{key}": value for key, value in both_figures(over).items()},
     }
 
 
@@ -466,10 +536,17 @@ def main(argv: list[str] | None = None) -> int:
     passes, described = run_timing(plan, log, (KINDS, ASYNC_KINDS) if args.async_ else (KINDS,))
     samples = passes[0]
     med, over = summarise(samples, chunks, short_chunks)
+    spread = intervals(paired_differences(samples), chunks, short_chunks, both_figures)
     async_result: dict[str, Any] = {}
     if args.async_:
         a_med, a_over = summarise(passes[1], chunks, short_chunks, ASYNC_KINDS)
         async_result = async_figures(a_med, a_over)
+        async_result["intervals"] = {
+            f"async_{key}": value
+            for key, value in intervals(
+                paired_differences(passes[1], ASYNC_KINDS), chunks, short_chunks, both_figures
+            ).items()
+        }
         async_result["samples_us"] = passes[1]
 
     memory: dict[str, Any] = {}
@@ -553,13 +630,21 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in async_result["figures"].items():
             print(f"{key}: {'n/a' if value is None else f'{value:.3f}'}")
     print()
+    print("95 % bootstrap intervals (batch pairs resampled; how far another run could land):")
+    print(render_intervals(spread))
+    if async_result:
+        print(render_intervals(async_result["intervals"]))
+    print()
     for key, value in figures.items():
         verdict = "not measured" if value is None else "met" if value <= TARGETS[key] else "MISSED"
+        if key in spread:
+            verdict += " (95 % interval {:.3f} .. {:.3f})".format(*spread[key])
         print(f"  target {key} <= {TARGETS[key]:g}: {verdict}")
     print(f"(took {time.monotonic() - t0:.0f} s)")
 
     result = {
         "figures": figures,
+        "intervals": spread,
         "targets": TARGETS,
         "definitions": {
             "overhead_vs_openai_v2": "(B-A)/(D-A), non-streaming, paired medians",

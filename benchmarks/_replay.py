@@ -101,7 +101,8 @@ def replay_client(body: bytes, content_type: str, asynchronous: bool = False) ->
 
 #: What a batch times: a non-streaming call, the long stream, the short stream.
 KINDS = ("nonstream", "stream", "stream_short")
-#: The same three through ``AsyncOpenAI`` (attribution.py only; coroutine functions).
+#: The same three through ``AsyncOpenAI`` (coroutine functions: ``overhead.py --async``
+#: and ``attribution.py --kind async_*``).
 ASYNC_KINDS = ("async_nonstream", "async_stream", "async_stream_short")
 
 

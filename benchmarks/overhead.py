@@ -165,6 +165,8 @@ def start_workers(names: tuple[str, ...], *flags: str) -> dict[str, WorkerProces
 
 
 Samples = dict[str, dict[str, dict[str, list[float]]]]
+#: configuration → kind → (on - off) per batch pair, µs
+Differences = dict[str, dict[str, list[float]]]
 
 
 def run_timing(
@@ -266,25 +268,25 @@ def summarise(
     chunks: int,
     short_chunks: int,
     kinds: tuple[str, str, str] = KINDS,
-) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
-    """Medians per config/kind, and overheads: the median over rounds of (on - off) in
-    the same worker process, so a process's own memory layout cancels out. Both are
-    keyed by the sync kinds' names, whichever ``kinds`` were timed."""
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]], Differences]:
+    """Medians per config/kind; overheads: the median over rounds of (on - off) in the
+    same worker process, so a process's own memory layout cancels out; and those paired
+    differences themselves (for ``intervals``). All are keyed by the sync kinds' names,
+    whichever ``kinds`` were timed."""
     names = dict(zip(kinds, KINDS, strict=True))
     med = {
         n: {names[k]: statistics.median(v["on"]) for k, v in by_kind.items()}
         for n, by_kind in samples.items()
     }
-    over = overheads(paired_differences(samples, kinds), chunks, short_chunks)
+    diffs = paired_differences(samples, kinds)
+    over = overheads(diffs, chunks, short_chunks)
     for name, o in over.items():
         for timed, kind in names.items():
             o[f"{kind}_off"] = statistics.median(samples[name][timed]["off"])
-    return med, over
+    return med, over, diffs
 
 
-def paired_differences(
-    samples: Samples, kinds: tuple[str, str, str] = KINDS
-) -> dict[str, dict[str, list[float]]]:
+def paired_differences(samples: Samples, kinds: tuple[str, str, str] = KINDS) -> Differences:
     """(on - off) per batch pair, per instrumented configuration, keyed by sync kind."""
     names = dict(zip(kinds, KINDS, strict=True))
     return {
@@ -301,9 +303,7 @@ def paired_differences(
     }
 
 
-def overheads(
-    diffs: dict[str, dict[str, list[float]]], chunks: int, short_chunks: int
-) -> dict[str, dict[str, float]]:
+def overheads(diffs: Differences, chunks: int, short_chunks: int) -> dict[str, dict[str, float]]:
     """Each configuration's overhead per kind (the median of its paired differences) and
     per chunk."""
     over: dict[str, dict[str, float]] = {}
@@ -317,7 +317,7 @@ def overheads(
 
 
 def intervals(
-    diffs: dict[str, dict[str, list[float]]],
+    diffs: Differences,
     chunks: int,
     short_chunks: int,
     figures: Any,
@@ -377,6 +377,13 @@ def both_figures(over: dict[str, dict[str, float]]) -> dict[str, float | None]:
     return {**shared_figures(over), **minimal_figures(over)}
 
 
+def render_figures(found: dict[str, float | None]) -> str:
+    """One ``name: value`` line per figure, as the issue asks them printed."""
+    return "\n".join(
+        f"{key}: {'n/a' if value is None else f'{value:.3f}'}" for key, value in found.items()
+    )
+
+
 def render_intervals(found: dict[str, tuple[float, float]]) -> str:
     return "\n".join(f"interval {key}: {lo:.3f} .. {hi:.3f}" for key, (lo, hi) in found.items())
 
@@ -384,8 +391,8 @@ def render_intervals(found: dict[str, tuple[float, float]]) -> str:
 def async_figures(
     med: dict[str, dict[str, float]], over: dict[str, dict[str, float]]
 ) -> dict[str, Any]:
-    """The async pass's medians, overheads and its three figures (no targets: the issue's
-    targets are for the sync client)."""
+    """The async pass's medians, overheads and its figures, ours and the yardstick's (no
+    targets: the issue's targets are for the sync client)."""
     return {
         "median_us_per_call": med,
         "overhead_us": over,
@@ -535,17 +542,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     passes, described = run_timing(plan, log, (KINDS, ASYNC_KINDS) if args.async_ else (KINDS,))
     samples = passes[0]
-    med, over = summarise(samples, chunks, short_chunks)
-    spread = intervals(paired_differences(samples), chunks, short_chunks, both_figures)
+    med, over, diffs = summarise(samples, chunks, short_chunks)
+    spread = intervals(diffs, chunks, short_chunks, both_figures)
     async_result: dict[str, Any] = {}
     if args.async_:
-        a_med, a_over = summarise(passes[1], chunks, short_chunks, ASYNC_KINDS)
+        a_med, a_over, a_diffs = summarise(passes[1], chunks, short_chunks, ASYNC_KINDS)
         async_result = async_figures(a_med, a_over)
         async_result["intervals"] = {
             f"async_{key}": value
-            for key, value in intervals(
-                paired_differences(passes[1], ASYNC_KINDS), chunks, short_chunks, both_figures
-            ).items()
+            for key, value in intervals(a_diffs, chunks, short_chunks, both_figures).items()
         }
         async_result["samples_us"] = passes[1]
 
@@ -607,9 +612,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"per {MEMORY_CALLS} non-streaming calls ({how})"
             )
     print()
-    for key, value in figures.items():
-        shown = "n/a" if value is None else f"{value:.3f}"
-        print(f"{key}: {shown}")
+    print(render_figures(figures))
     print()
     print(f"stream_us_per_chunk_vs_nonstream: {b['per_chunk_vs_nonstream']:.3f}")
     # The floor against openai-v2: the least overhead_vs_openai_v2 that any code emitting
@@ -619,16 +622,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"floor_vs_openai_v2: {floor_vs_openai_v2:.3f}")
     print(f"ours_above_floor_us: {b['nonstream'] - e['nonstream']:.1f}")
     yardstick = minimal_figures(over)
-    for key, value in yardstick.items():
-        print(f"{key}: {'n/a' if value is None else f'{value:.3f}'}")
+    print(render_figures(yardstick))
     if "F" in over and over["F"]["nonstream"]:
         print(f"overhead_vs_genai_openai: {b['nonstream'] / over['F']['nonstream']:.3f}")
     if async_result:
         print()
         print("Through AsyncOpenAI (same payloads and plan; + = median of on - off, µs):")
         print(render_async(async_result))
-        for key, value in async_result["figures"].items():
-            print(f"{key}: {'n/a' if value is None else f'{value:.3f}'}")
+        print(render_figures(async_result["figures"]))
     print()
     print("95 % bootstrap intervals (batch pairs resampled; how far another run could land):")
     print(render_intervals(spread))

@@ -12,7 +12,8 @@ Everything here is plain helpers (no pytest), used by ``conftest.py``:
 The collector and Jaeger run with the SHIPPED configs (collector-config/otelcol.yaml,
 collector-config/jaeger.yaml); only environment variables change their ports. Prometheus
 cannot read environment variables, so it gets a temporary copy of the shipped
-prometheus.yml with the scrape target and interval replaced.
+prometheus.yml with the scrape target and the intervals replaced; it loads the shipped
+rule files (collector-config/prometheus-rules.yml) from where they are.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ ENV_PROMETHEUS = "SPEC_DECODE_OTEL_PROMETHEUS"
 #: Prometheus scrape interval in the tests: short, so a demo run of a few seconds is
 #: scraped several times (rate() needs two samples of a series that changed).
 SCRAPE_INTERVAL = "250ms"
+#: Prometheus rule evaluation interval in the tests (collector-config/prometheus-rules.yml).
+RULE_EVALUATION_INTERVAL = "1s"
 
 _RUNNING: list[ManagedProcess] = []
 
@@ -291,12 +294,15 @@ class Stack:
 
 
 def write_prometheus_config(dest: Path, exporter_port: int) -> Path:
-    """The shipped prometheus.yml with the collector target and the interval replaced."""
+    """The shipped prometheus.yml with the collector target and the intervals replaced,
+    and its rule files (relative to collector-config/) given as absolute paths."""
     config = yaml.safe_load((CONFIG_DIR / "prometheus.yml").read_text())
     config.setdefault("global", {})
     config["global"]["scrape_interval"] = SCRAPE_INTERVAL
     config["global"]["scrape_timeout"] = SCRAPE_INTERVAL
-    config["global"]["evaluation_interval"] = "1s"
+    # Rules are evaluated every second, so recorded series appear within seconds.
+    config["global"]["evaluation_interval"] = RULE_EVALUATION_INTERVAL
+    config["rule_files"] = [str(CONFIG_DIR / path) for path in config.get("rule_files") or []]
     jobs = [j for j in config["scrape_configs"] if j["job_name"] == "otel-collector"]
     if len(jobs) != 1:
         raise StackError("collector-config/prometheus.yml has no single 'otel-collector' job")

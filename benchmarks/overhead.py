@@ -1,700 +1,470 @@
-"""Client CPU overhead of spec_decode_otel against the bare SDK, openai-v2 and a floor.
+"""Client CPU that spec_decode_otel adds to openai SDK calls, against openai-v2 and a floor.
 
-Usage (from the repository root)::
+    python benchmarks/overhead.py [--quick] [--json [FILE]]
 
-    python benchmarks/overhead.py [--quick] [--json FILE] [--png FILE]
-
-The real ``openai`` SDK is fed by an in-process transport replaying bodies recorded from
-the project's simulator (``benchmarks/data/``, made by ``record_payloads.py``: vLLM
-merged shape, level detailed, k=4; a non-streaming chat completion, a 103-chunk stream —
-role chunk, 100 content chunks, finish chunk, usage chunk with the stats — and the same
-stream cut to 8 chunks), so neither network nor server time is in the figures: only
-client CPU.
-
-Configurations, each in its own long-lived worker process (``_worker.py``; instrumentors
-wrap classes process-wide), all with real OTel SDK providers — spans through a
-``BatchSpanProcessor`` to an exporter that drops them, metrics aggregated by a
-``MeterProvider`` whose reader is never collected during timing:
-
-  A  bare SDK;
-  B  ours, full, default settings: own span, attributes, every spec-decode metric (the
-     opt-in GenAI client metrics off, as by default);
-  C  ours in ``auto`` mode under opentelemetry-instrumentation-openai-v2 (enriching its span);
-  D  opentelemetry-instrumentation-openai-v2 alone (also given a real LoggerProvider);
-  E  the floor: the same SDK call plus one bare span carrying our attribute count and
-     the same number of synchronous histogram records B makes; no wrapping logic;
-  G  a yardstick: E plus a minimal wrapper that makes the span current and copies the
-     stats into B's telemetry without checking anything (``_minimal.py``);
-  F  (full runs) opentelemetry-instrumentation-genai-openai alone, in its own venv.
-
-The parent drives one worker at a time, rotating the order every round, so batches of
-all configurations interleave in time; each worker reports the process CPU time
-(``time.process_time_ns``) of its batch divided by the calls in it. Overheads are
-medians over rounds of the paired difference between the configuration and the same
-worker with its instrumentation switched off (the instrumentors' class attributes put
-back), batches taken back to back, so neither time drift nor a process's own memory
-layout enters the difference; A is timed in its own never-instrumented worker too.
-
-Figures:
-
-  overhead_vs_openai_v2      (B - A) / (D - A), non-streaming
-  overhead_vs_floor          (B - A) / (E - A), non-streaming
-  stream_us_per_chunk        ((B - A) on the 103-chunk stream - (B - A) on the 8-chunk
-                             stream) / (103 - 8): the extra CPU per chunk, with the
-                             per-call part (span, detection, metrics, the stream's
-                             own fixed work) taken out, counting every chunk the SDK
-                             yields. Also printed: the cruder
-                             stream_us_per_chunk_vs_nonstream = ((B - A) stream -
-                             (B - A) non-streaming) / 103, which charges the stream's
-                             extra fixed work (its proxy, time-to-first-chunk record,
-                             colder caches after 103 chunks) to the chunks
-  parse_us_10k_steps         from benchmarks/parse_bench.py
-  rss_growth_mb_100k_calls   RSS growth of a fresh config-B worker over 100,000
-                             non-streaming calls after 5,000 warm-up calls, collected
-                             before each reading; spans go synchronously to the dropping
-                             exporter there (a batch processor's bounded queue would move
-                             the RSS high-water mark with the export thread's scheduling);
-                             --quick: tracemalloc growth over 1,500 calls, scaled to 100k
-
-No targets, from config G (``_minimal.py``, the least a wrapping instrumentation adds):
-minimal_vs_openai_v2, minimal_vs_floor, minimal_us_per_chunk, ours_above_minimal_us.
-Each ratio and slope also gets a 95 % bootstrap interval (``interval <name>: lo .. hi``):
-a target whose interval straddles it is not decided by the run.
+The real ``openai`` SDK replays bodies recorded from the project's simulator
+(``benchmarks/data/``, from ``record_payloads.py``) through an in-process
+``httpx2.MockTransport``, so only client CPU is measured (``time.process_time_ns``, all
+threads). In one process, interleaved in rounds (the order rotating), each configuration
+switched on and off with its instrumentor's public ``instrument()`` / ``uninstrument()``:
+A the bare SDK; B spec_decode_otel, default settings; D opentelemetry-instrumentation-
+openai-v2; E the floor, one span with B's 17 attributes and B's two histogram records
+around the bare call. Then B's memory growth, ``record_from_json`` on a 10,000-step
+payload, and the hostile corpus (``hostile.py``) through the real client, in a child
+process with a memory limit and a time limit per body. See benchmarks/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
-import random
+import resource
+import signal
 import statistics
 import subprocess
 import sys
-import textwrap
 import time
-from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
+import timeit
+import tracemalloc
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import httpx2
+import openai
+from opentelemetry import trace
+from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, LogRecordExporter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+
+from spec_decode_otel import SpecDecodeInstrumentor, record_from_json
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import hostile  # noqa: E402
 
-import _genai_venv  # noqa: E402
-from _replay import ASYNC_KINDS, CONFIGS, KINDS, load_payloads  # noqa: E402
-
-DEFAULT_PNG = HERE / "out" / "overhead.png"
-ORDER = ("A", "B", "C", "D", "E", "G")
-NAMES: tuple[str, ...] = ORDER
-#: The interpreter of each configuration's worker (the default: this one).
-PYTHONS: dict[str, str] = {}
-TARGETS = {
-    "overhead_vs_openai_v2": 0.5,
-    "overhead_vs_floor": 1.5,
-    "stream_us_per_chunk": 1.0,
+GUARD_RAILS = {
+    "overhead_vs_openai_v2": 1.5,
+    "stream_us_per_chunk": 2.0,
     "parse_us_10k_steps": 1000.0,
     "rss_growth_mb_100k_calls": 5.0,
+    "worst_case_us_per_mib": 5000.0,
 }
-MEMORY_CALLS = 100_000
+CONFIGS = {"A": "bare SDK", "B": "spec-decode-otel", "D": "openai-v2", "E": "floor"}
+KINDS = ("nonstream", "stream", "stream_short")
+MESSAGES = [{"role": "user", "content": "Summarise speculative decoding in two paragraphs."}]
+#: rounds; calls per batch of each kind; memory-run calls; parse repeats; hostile repeats
+#: per body (more for cheap bodies) and seconds allowed per body
+FULL = {"rounds": 150, "nonstream": 100, "stream": 8, "stream_short": 50, "memory": 100_000}
+FULL |= {"parse_repeat": 31, "hostile_repeat": 3, "hostile_timeout": 120}
+QUICK = {"rounds": 24, "nonstream": 20, "stream": 2, "stream_short": 10, "memory": 2_000}
+QUICK |= {"parse_repeat": 7, "hostile_repeat": 1, "hostile_timeout": 20}
+HOSTILE_MEMORY_LIMIT = 3 << 30  # bytes of address space for the hostile corpus's process
 
 
-@dataclass(frozen=True)
-class Plan:
-    rounds: int
-    nonstream_batch: int
-    stream_batch: int
-    stream_short_batch: int
-    stream_pairs: int  # on/off pairs of long-stream batches per round and worker
-    warmup_batches: int
-    memory_method: str
-    memory_calls: int
-    memory_warmup: int
+def replay_client(body: bytes, content_type: str) -> openai.OpenAI:
+    """An ``openai.OpenAI`` whose every request is answered with ``body``, in process."""
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers={"content-type": content_type}, content=body)
+
+    http_client = httpx2.Client(transport=httpx2.MockTransport(handler))
+    return openai.OpenAI(
+        base_url="http://127.0.0.1:8000/v1", api_key="-", max_retries=0, http_client=http_client
+    )
 
 
-FULL = Plan(40, 300, 8, 120, 6, 2, "rss", MEMORY_CALLS, 5000)
-QUICK = Plan(10, 80, 3, 25, 3, 1, "tracemalloc", 1500, 300)
+def call(client: openai.OpenAI, stream: bool) -> Any:
+    """One chat completion; a stream is read to its end."""
+    if not stream:
+        return client.chat.completions.create(model="spec-sim", messages=MESSAGES, max_tokens=256)
+    options = {"include_usage": True}
+    chunks = client.chat.completions.create(
+        model="spec-sim", messages=MESSAGES, max_tokens=512, stream=True, stream_options=options
+    )
+    return sum(1 for _ in chunks)
 
 
-class WorkerProcess:
-    def __init__(self, name: str, *flags: str) -> None:
-        self.name = name
-        self.proc = subprocess.Popen(
-            [PYTHONS.get(name, sys.executable), str(HERE / "_worker.py"), name, *flags],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
+class Drop(SpanExporter, LogRecordExporter):
+    """Drops spans or log records, keeping only the last batch."""
 
-    def wait_ready(self) -> None:
-        line = self.proc.stdout.readline()  # type: ignore[union-attr]
-        if not line:
-            raise SystemExit(f"worker {self.name} failed to start")
-        json.loads(line)
+    last: Any = ()
 
-    def send(self, request: dict[str, Any]) -> None:
-        self.proc.stdin.write(json.dumps(request) + "\n")  # type: ignore[union-attr]
-        self.proc.stdin.flush()  # type: ignore[union-attr]
+    def export(self, batch: Any) -> None:
+        self.last = batch
 
-    def receive(self) -> dict[str, Any]:
-        line = self.proc.stdout.readline()  # type: ignore[union-attr]
-        if not line:
-            raise SystemExit(f"worker {self.name} died")
-        return json.loads(line)
+    def shutdown(self) -> None:
+        pass
 
-    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        self.send(request)
-        return self.receive()
-
-    def close(self) -> None:
-        try:
-            self.send({"op": "quit"})
-            self.proc.stdin.close()  # type: ignore[union-attr]
-            self.proc.wait(timeout=30)
-        except Exception:
-            self.proc.kill()
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
 
 
-def start_workers(names: tuple[str, ...], *flags: str) -> dict[str, WorkerProcess]:
-    workers = {name: WorkerProcess(name, *flags) for name in names}
-    for worker in workers.values():
-        worker.wait_ready()
-    return workers
+class Providers:
+    """Real SDK providers: spans through a batch processor (or a simple one) to nowhere,
+    metrics kept by a reader that is never collected, logs (openai-v2 emits some) batched
+    to nowhere."""
+
+    def __init__(self, processor: type = BatchSpanProcessor) -> None:
+        self.spans = Drop()
+        self.tracer = TracerProvider()
+        self.tracer.add_span_processor(processor(self.spans))
+        self.meter = MeterProvider(metric_readers=[InMemoryMetricReader()])
+        self.logger = LoggerProvider()
+        self.logger.add_log_record_processor(BatchLogRecordProcessor(Drop()))
+
+    def flush(self) -> None:
+        self.tracer.force_flush()
+        self.logger.force_flush()
 
 
-Samples = dict[str, dict[str, dict[str, list[float]]]]
-#: configuration → kind → (on - off) per batch pair, µs
-Differences = dict[str, dict[str, list[float]]]
+class Floor:
+    """Config E: one span around the bare call, ending with B's 17 attributes, and B's two
+    histogram records (attribute sets of B's size, with the span's context)."""
 
-
-def run_timing(
-    plan: Plan, log: Any, passes: tuple[tuple[str, str, str], ...] = (KINDS,)
-) -> tuple[list[Samples], dict[str, Any]]:
-    """CPU µs per call, per configuration and kind, one entry per round; one Samples per
-    pass, timed one after the other by the same workers.
-
-    A pass is its non-streaming, long-stream and short-stream kinds (KINDS, or
-    ASYNC_KINDS).
-    """
-    workers = start_workers(NAMES)
-    try:
-        described = {name: w.ask({"op": "describe"}) for name, w in workers.items()}
-        results = []
-        for number, kinds in enumerate(passes):
-            if number:
-                print(f"  pass {number + 1}: {', '.join(kinds)}", file=log, flush=True)
-            results.append(_time_pass(plan, log, workers, kinds))
-    finally:
-        for w in workers.values():
-            w.close()
-    return results, described
-
-
-def _time_pass(
-    plan: Plan, log: Any, workers: dict[str, WorkerProcess], kinds: tuple[str, str, str]
-) -> Samples:
-    nonstream, stream, stream_short = kinds
-    sizes = {
-        nonstream: plan.nonstream_batch,
-        stream: plan.stream_batch,
-        stream_short: plan.stream_short_batch,
+    START = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "openai",
+        "gen_ai.request.model": "spec-sim",
+        "server.address": "127.0.0.1",
+        "server.port": 8000,
     }
-    for _ in range(plan.warmup_batches):
-        for w in workers.values():
-            for kind, n in sizes.items():
-                for enabled in (False, True):
-                    w.ask({"op": "batch", "kind": kind, "n": n, "enabled": enabled})
-    # samples[name][kind][state]: "on" is the configuration, "off" the same worker
-    # with its instrumentation switched off (the bare SDK in the same process).
-    samples: Samples = {name: {kind: {"on": [], "off": []} for kind in sizes} for name in NAMES}
-    for r in range(plan.rounds):
-        order = NAMES[r % len(NAMES) :] + NAMES[: r % len(NAMES)]
-        if r % 2:
-            order = order[::-1]
-        for kind, n in sizes.items():
-            pairs = plan.stream_pairs if kind == stream else 1
-            for name in order:
-                for pair in range(pairs):
-                    # on/off order alternates by round and by pair
-                    states = ("on", "off") if (r + pair) % 2 else ("off", "on")
-                    for state in states if name != "A" else ("on",):
-                        reply = workers[name].ask(
-                            {"op": "batch", "kind": kind, "n": n, "enabled": state == "on"}
-                        )
-                        samples[name][kind][state].append(reply["cpu_ns"] / 1000.0)
-        if log and (r + 1) % max(1, plan.rounds // 4) == 0:
-            print(f"  timing: round {r + 1}/{plan.rounds}", file=log, flush=True)
-    return samples
+    END = {
+        "gen_ai.response.model": "spec-sim",
+        "gen_ai.usage.input_tokens": 11,
+        "gen_ai.usage.output_tokens": 256,
+        "gen_ai.response.finish_reasons": ("length",),
+        "spec_decode.engine": "vllm",
+        "spec_decode.mean_acceptance_length": 2.84,
+        "spec_decode.draft_acceptance_rate": 0.46,
+        "spec_decode.num_spec_steps": 90,
+        "spec_decode.num_accepted_draft_tokens": 166,
+        "spec_decode.num_draft_tokens": 360,
+        "spec_decode.num_spec_tokens": 4,
+        "spec_decode.acceptance_histogram": (25, 17, 13, 12, 23),
+    }
+    METRIC = START | {
+        "gen_ai.response.model": "spec-sim",
+        "spec_decode.engine": "vllm",
+        "spec_decode.num_spec_tokens": 4,
+    }
+
+    def __init__(self, providers: Providers) -> None:
+        self.tracer = providers.tracer.get_tracer("bench.floor")
+        meter = providers.meter.get_meter("bench.floor")
+        self.length = meter.create_histogram("spec_decode.acceptance_length", unit="{token}")
+        self.rate = meter.create_histogram("spec_decode.draft_acceptance_rate", unit="1")
+
+    def call(self, client: openai.OpenAI, stream: bool) -> Any:
+        kind = trace.SpanKind.CLIENT
+        span = self.tracer.start_span("chat spec-sim", kind=kind, attributes=self.START)
+        result = call(client, stream)
+        span.set_attributes(self.END)
+        context = trace.set_span_in_context(span)
+        self.length.record(2.84, self.METRIC, context=context)
+        self.rate.record(0.46, self.METRIC, context=context)
+        span.end()
+        return result
 
 
-def run_memory(plan: Plan) -> dict[str, dict[str, Any]]:
-    """Growth over ``plan.memory_calls`` non-streaming calls for A and B (in parallel)."""
-    workers = start_workers(("A", "B"), "--sync-spans")
-    try:
-        for w in workers.values():
-            w.send(
-                {
-                    "op": "memory",
-                    "n": plan.memory_calls,
-                    "warmup": plan.memory_warmup,
-                    "method": plan.memory_method,
-                }
+class Bench:
+    """The replayed clients, and the configurations switched on and off in this process."""
+
+    def __init__(self, providers: Providers) -> None:
+        self.providers = providers
+        self.floor = Floor(providers)
+        manifest = json.loads((HERE / "data" / "manifest.json").read_text())
+        self.clients, self.chunks = {}, {}
+        for kind in KINDS:
+            body = (HERE / "data" / manifest[kind]["file"]).read_bytes()
+            self.clients[kind] = replay_client(body, manifest[kind]["content_type"])
+            self.chunks[kind] = manifest[kind].get("chunks", 1)
+
+    def switch(self, config: str, on: bool) -> None:
+        p = self.providers
+        if config == "B" and on:
+            SpecDecodeInstrumentor().instrument(tracer_provider=p.tracer, meter_provider=p.meter)
+        elif config == "B":
+            SpecDecodeInstrumentor().uninstrument()
+        elif config == "D" and on:
+            OpenAIInstrumentor().instrument(
+                tracer_provider=p.tracer, meter_provider=p.meter, logger_provider=p.logger
             )
-        return {name: w.receive() for name, w in workers.items()}
-    finally:
-        for w in workers.values():
-            w.close()
+        elif config == "D":
+            OpenAIInstrumentor().uninstrument()
+
+    def cpu_us(self, config: str, kind: str, n: int) -> float:
+        """CPU µs per call over ``n`` calls (after one untimed call), exports included."""
+        client, stream = self.clients[kind], kind != "nonstream"
+        run = self.floor.call if config == "E" else call
+        run(client, stream)
+        self.providers.flush()
+        t0 = time.process_time_ns()
+        for _ in range(n):
+            run(client, stream)
+        self.providers.flush()
+        return (time.process_time_ns() - t0) / n / 1000
 
 
-def parse_figure() -> float | None:
-    try:
-        from parse_bench import measure_parse_us_10k_steps  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return float(measure_parse_us_10k_steps())
+def time_configs(bench: Bench, plan: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
+    """CPU µs per call, ``times[config][kind]``, one entry per round."""
+    names = list(CONFIGS)
+    times: dict[str, dict[str, list[float]]] = {c: {k: [] for k in KINDS} for c in names}
+    for r in range(plan["rounds"]):
+        for config in names[r % 4 :] + names[: r % 4]:
+            bench.switch(config, True)
+            for kind in KINDS:
+                times[config][kind].append(bench.cpu_us(config, kind, plan[kind]))
+            bench.switch(config, False)
+        print(f"  round {r + 1}/{plan['rounds']}", file=sys.stderr, end="\r", flush=True)
+    print(file=sys.stderr)
+    return times
 
 
-def _pkg(name: str) -> str | None:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
-def summarise(
-    samples: Samples,
-    chunks: int,
-    short_chunks: int,
-    kinds: tuple[str, str, str] = KINDS,
-) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]], Differences]:
-    """Medians per config/kind; overheads: the median over rounds of (on - off) in the
-    same worker process, so a process's own memory layout cancels out; and those paired
-    differences themselves (for ``intervals``). All are keyed by the sync kinds' names,
-    whichever ``kinds`` were timed."""
-    names = dict(zip(kinds, KINDS, strict=True))
-    med = {
-        n: {names[k]: statistics.median(v["on"]) for k, v in by_kind.items()}
-        for n, by_kind in samples.items()
-    }
-    diffs = paired_differences(samples, kinds)
-    over = overheads(diffs, chunks, short_chunks)
-    for name, o in over.items():
-        for timed, kind in names.items():
-            o[f"{kind}_off"] = statistics.median(samples[name][timed]["off"])
-    return med, over, diffs
-
-
-def paired_differences(samples: Samples, kinds: tuple[str, str, str] = KINDS) -> Differences:
-    """(on - off) per batch pair, per instrumented configuration, keyed by sync kind."""
-    names = dict(zip(kinds, KINDS, strict=True))
+def overheads(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+    """Per configuration and kind: the median over rounds of (config - A) in that round."""
+    a = times["A"]
     return {
-        name: {
-            kind: [
-                x - a
-                for x, a in zip(
-                    samples[name][timed]["on"], samples[name][timed]["off"], strict=True
-                )
-            ]
-            for timed, kind in names.items()
-        }
-        for name in NAMES[1:]
+        c: {k: statistics.median(x - y for x, y in zip(t[k], a[k], strict=True)) for k in KINDS}
+        for c, t in times.items()
     }
 
 
-def overheads(diffs: Differences, chunks: int, short_chunks: int) -> dict[str, dict[str, float]]:
-    """Each configuration's overhead per kind (the median of its paired differences) and
-    per chunk."""
-    over: dict[str, dict[str, float]] = {}
-    for name, by_kind in diffs.items():
-        o = over[name] = {kind: statistics.median(d) for kind, d in by_kind.items()}
-        # Marginal cost of a chunk: the long and the short stream differ only in chunks.
-        o["per_chunk"] = (o["stream"] - o["stream_short"]) / (chunks - short_chunks)
-        # The simpler estimate: the non-streaming call's overhead as the per-call part.
-        o["per_chunk_vs_nonstream"] = (o["stream"] - o["nonstream"]) / chunks
-    return over
+def memory_growth_mb(client: openai.OpenAI, calls: int, quick: bool) -> tuple[float, str]:
+    """B's memory growth over ``calls`` non-streaming calls, scaled to 100,000 calls.
 
-
-def intervals(
-    diffs: Differences,
-    chunks: int,
-    short_chunks: int,
-    figures: Any,
-    iterations: int = 2000,
-    seed: int = 0,
-) -> dict[str, tuple[float, float]]:
-    """95 % bootstrap intervals of ``figures(over)``: every configuration's paired
-    differences resampled with replacement, the figures recomputed each time.
-
-    A figure's interval says how far another run of the same code could put it on this
-    machine, which one run's median alone does not.
+    Spans go synchronously to nowhere here: a batch processor's queue (up to 2,048 spans)
+    would move the RSS by however full it happens to be.
     """
-    rng = random.Random(seed)
-    drawn: dict[str, list[float]] = {}
-    for _ in range(iterations):
-        resampled = {
-            name: {kind: rng.choices(d, k=len(d)) for kind, d in by_kind.items()}
-            for name, by_kind in diffs.items()
-        }
-        for key, value in figures(overheads(resampled, chunks, short_chunks)).items():
-            if value is not None:
-                drawn.setdefault(key, []).append(value)
-    out = {}
-    for key, values in drawn.items():
-        values.sort()
-        out[key] = (values[int(0.025 * len(values))], values[int(0.975 * len(values)) - 1])
-    return out
+    p = Providers(SimpleSpanProcessor)
+    SpecDecodeInstrumentor().instrument(tracer_provider=p.tracer, meter_provider=p.meter)
+    for _ in range(min(calls, 5_000)):
+        call(client, False)
+    gc.collect()
+    if quick:  # too few calls for the RSS to tell: Python's own allocations instead
+        tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0] if quick else rss_bytes()
+    for _ in range(calls):
+        call(client, False)
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0] if quick else rss_bytes()
+    tracemalloc.stop()
+    SpecDecodeInstrumentor().uninstrument()
+    how = f"tracemalloc over {calls} calls, x {100_000 // calls}" if quick else "RSS"
+    return (after - before) / 2**20 * 100_000 / calls, how
 
 
-def ratio(numerator: float, denominator: float) -> float | None:
-    return numerator / denominator if denominator else None
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def shared_figures(over: dict[str, dict[str, float]]) -> dict[str, float | None]:
-    """The three figures both passes report: (B-A)/(D-A), (B-A)/(E-A), B's per-chunk slope."""
-    b = over["B"]
+def detailed_vllm_payload(steps: int = 10_000, k: int = 4) -> dict[str, Any]:
+    """A consistent vLLM merged-shape body, level ``detailed``: per-step arrays of
+    ``steps`` entries."""
+    accepted = [i * 7 % (k + 1) for i in range(steps)]
+    total = sum(accepted)
+    spec = {
+        "mean_acceptance_length": 1 + total / steps,
+        "draft_acceptance_rate": total / (k * steps),
+        "acceptance_histogram": [accepted.count(j) for j in range(k + 1)],
+        "num_spec_steps": steps,
+        "num_accepted_draft_tokens": total,
+        "num_draft_tokens": k * steps,
+        "num_spec_tokens": k,
+        "per_step_accepted": accepted,
+        "per_step_drafted": [k] * steps,
+    }
+    usage = {"prompt_tokens": 21, "completion_tokens": steps + total, "total_tokens": 0}
+    choice = {"index": 0, "message": {"role": "assistant", "content": "x"}}
     return {
-        "overhead_vs_openai_v2": ratio(b["nonstream"], over["D"]["nonstream"]),
-        "overhead_vs_floor": ratio(b["nonstream"], over["E"]["nonstream"]),
-        "stream_us_per_chunk": b["per_chunk"],
+        "model": "m",
+        "choices": [choice],
+        "usage": usage,
+        "metrics": {"speculative_decoding": spec},
     }
 
 
-def minimal_figures(over: dict[str, dict[str, float]]) -> dict[str, float | None]:
-    """Config G against the targets' denominators: the least the two ratios and the
-    per-chunk figure can be for code that wraps the SDK call and emits B's telemetry."""
-    g, b = over["G"], over["B"]
+def parse_us_10k_steps(repeat: int) -> float:
+    """Median µs of one ``record_from_json`` of the 10,000-step payload."""
+    payload = detailed_vllm_payload()
+    if record_from_json(payload) is None:
+        raise SystemExit("the 10,000-step payload gave no record: nothing to time")
+    timer = timeit.Timer(lambda: record_from_json(payload))
+    number, _ = timer.autorange()
+    return statistics.median(timer.repeat(repeat, number)) / number * 1e6
+
+
+def hostile_body(bench: Bench, name: str, repeat: int) -> dict[str, Any]:
+    """The least CPU of calls replaying one hostile body, uninstrumented and instrumented
+    (B) in turn (``repeat`` each, more for cheap bodies), and the extra peak RSS."""
+    body = hostile.build(name)
+    stream = body.startswith(b"data:")
+    client = replay_client(body, "text/event-stream" if stream else "application/json")
+    errors = []
+
+    def cpu_us() -> float:
+        gc.collect()
+        t0 = time.process_time_ns()
+        try:
+            call(client, stream)
+        except Exception as exc:  # the SDK's own failure, instrumented or not
+            errors.append(type(exc).__name__)
+        return (time.process_time_ns() - t0) / 1000
+
+    first = cpu_us()  # the SDK's first parse of this body, not counted
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    off, on = [], []
+    for _ in range(max(repeat, min(20, int(200_000 / first)))):
+        off.append(cpu_us())
+        bench.switch("B", True)
+        call(bench.clients["nonstream"], False)  # the instrumentation's first call
+        on.append(cpu_us())
+        bench.switch("B", False)
+    mib = len(body) / 2**20
     return {
-        "minimal_vs_openai_v2": ratio(g["nonstream"], over["D"]["nonstream"]),
-        "minimal_vs_floor": ratio(g["nonstream"], over["E"]["nonstream"]),
-        "minimal_us_per_chunk": g["per_chunk"],
-        "ours_above_minimal_us": b["nonstream"] - g["nonstream"],
+        "name": name,
+        "status": "ok",
+        "mib": mib,
+        "off_us": min(off),
+        "on_us": min(on),
+        "us_per_mib": (min(on) - min(off)) / mib,
+        "extra_peak_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) / 1024,
+        "sdk_errors": sorted(set(errors)),
     }
 
 
-def both_figures(over: dict[str, dict[str, float]]) -> dict[str, float | None]:
-    return {**shared_figures(over), **minimal_figures(over)}
+def hostile_child(repeat: int, timeout: int, names: list[str]) -> None:
+    """Measures ``names`` in turn, one JSON line each. SIGALRM, whose default action ends
+    the process, stops a body that takes longer than ``timeout`` seconds."""
+    resource.setrlimit(resource.RLIMIT_AS, (HOSTILE_MEMORY_LIMIT, HOSTILE_MEMORY_LIMIT))
+    bench = Bench(Providers(SimpleSpanProcessor))
+    for name in names:
+        signal.alarm(timeout)
+        print(json.dumps(hostile_body(bench, name, repeat)), flush=True)
+        signal.alarm(0)
 
 
-def render_figures(found: dict[str, float | None]) -> str:
-    """One ``name: value`` line per figure, as the issue asks them printed."""
-    return "\n".join(
-        f"{key}: {'n/a' if value is None else f'{value:.3f}'}" for key, value in found.items()
-    )
+def run_hostile(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every hostile body, in a child process that is started again after a body that
+    ended it (by its time limit, or a failure such as its memory limit)."""
+    names, rows = list(hostile.BUILDERS), []
+    repeat, timeout = str(plan["hostile_repeat"]), plan["hostile_timeout"]
+    while len(rows) < len(names):
+        argv = [sys.executable, __file__, "--hostile", repeat, str(timeout), *names[len(rows) :]]
+        done = subprocess.run(argv, capture_output=True, text=True)
+        rows += [json.loads(line) for line in done.stdout.splitlines()]
+        if len(rows) < len(names):
+            status = f"failed: {(done.stderr.strip().splitlines() or ['no output'])[-1][:100]}"
+            if done.returncode == -signal.SIGALRM:
+                status = f"timeout ({timeout} s)"
+            rows.append({"name": names[len(rows)], "status": status})
+    return rows
 
 
-def render_intervals(found: dict[str, tuple[float, float]]) -> str:
-    return "\n".join(f"interval {key}: {lo:.3f} .. {hi:.3f}" for key, (lo, hi) in found.items())
-
-
-def async_figures(
-    med: dict[str, dict[str, float]], over: dict[str, dict[str, float]]
-) -> dict[str, Any]:
-    """The async pass's medians, overheads and its figures, ours and the yardstick's (no
-    targets: the issue's targets are for the sync client)."""
-    return {
-        "median_us_per_call": med,
-        "overhead_us": over,
-        "figures": {f"async_{key}": value for key, value in both_figures(over).items()},
-    }
-
-
-def render_async(result: dict[str, Any]) -> str:
-    med, over = result["median_us_per_call"], result["overhead_us"]
-    lines = [
-        f"{'config':28} {'µs/call':>9} {'+µs':>8} {'stream µs':>10} {'+µs':>8} {'+µs/chunk':>10}",
-        "-" * 78,
-    ]
-    for name in NAMES:
-        o = over.get(name, {"nonstream": 0.0, "stream": 0.0, "per_chunk": 0.0})
-        lines.append(
-            f"{name + ' ' + CONFIGS[name][0]:28} {med[name]['nonstream']:9.1f} "
-            f"{o['nonstream']:+8.1f} {med[name]['stream']:10.1f} {o['stream']:+8.1f} "
-            f"{o['per_chunk']:+10.2f}"
+def report(result: dict[str, Any], out: Any) -> None:
+    med, over, chunks = result["median_us"], result["overhead_us"], result["chunks"]
+    print("Client CPU per call, µs: medians over rounds; + = minus A in the same round", file=out)
+    head = "".join(f"{h:>9}" for h in ("call", "+", "stream", "+", "short", "+", "+/chunk"))
+    print(f"{'config':20}{head}", file=out)
+    for c, label in CONFIGS.items():
+        o = over[c]
+        slope = (o["stream"] - o["stream_short"]) / (chunks["stream"] - chunks["stream_short"])
+        cells = "".join(f"{med[c][k]:9.0f}{o[k]:+9.1f}" for k in KINDS)
+        print(f"{c + ' ' + label:20}{cells}{slope:+9.2f}", file=out)
+    attributes = result["span_attributes"]
+    print(f"streams of {chunks['stream']} and {chunks['stream_short']} chunks", file=out)
+    print(f"span attributes: B {attributes['B']}, E {attributes['E']}", file=out)
+    print(f"memory: {result['memory_method']}", file=out)
+    print("\nHostile bodies, instrumented - bare (least CPU of several calls):", file=out)
+    for row in result["hostile"]:
+        if row["status"] != "ok":
+            print(f"  {row['name']:32} {row['status']}", file=out)
+            continue
+        errors = f"  (SDK raised {', '.join(row['sdk_errors'])})" if row["sdk_errors"] else ""
+        print(
+            f"  {row['name']:32} {row['mib']:6.2f} MiB {row['on_us'] - row['off_us']:+10.0f} µs"
+            f" {row['us_per_mib']:+9.0f} µs/MiB, peak RSS +{row['extra_peak_mb']:.0f} MB{errors}",
+            file=out,
         )
-    return "\n".join(lines)
-
-
-def render_table(
-    med: dict[str, dict[str, float]],
-    over: dict[str, dict[str, float]],
-    described: dict[str, Any],
-    chunks: int,
-) -> str:
-    head = (
-        f"{'config':<28}{'µs/call':>9}{'+µs':>8}{'stream µs/call':>15}{'+µs':>8}"
-        f"{'short µs/call':>14}{'+µs':>8}{'µs/chunk':>9}{'+µs/chunk':>10}"
-        f"{'spans':>6}{'attrs':>6}{'records':>8}"
-    )
-    lines = [head, "-" * len(head)]
-    for name in NAMES:
-        label = f"{name} {CONFIGS[name][0]}"
-        o = over.get(name)
-        d = described.get(name, {}).get("nonstream", {})
-        ds = described.get(name, {}).get("stream", {})
-        records = f"{d.get('histogram_records', 0)}/{ds.get('histogram_records', 0)}"
-        lines.append(
-            f"{label:<28}{med[name]['nonstream']:>9.1f}"
-            f"{(o['nonstream'] if o else 0.0):>+8.1f}"
-            f"{med[name]['stream']:>15.1f}{(o['stream'] if o else 0.0):>+8.1f}"
-            f"{med[name]['stream_short']:>14.1f}{(o['stream_short'] if o else 0.0):>+8.1f}"
-            f"{med[name]['stream'] / chunks:>9.2f}{(o['per_chunk'] if o else 0.0):>+10.2f}"
-            f"{d.get('spans', 0):>6}{d.get('span_attributes', 0):>6}{records:>8}"
-        )
-    return "\n".join(lines)
-
-
-def write_png(path: Path, over: dict[str, dict[str, float]], med: dict[str, Any], quick: bool):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(NAMES[1:])
-    labels = [f"{n}\n" + "\n".join(textwrap.wrap(CONFIGS[n][0], 12)) for n in names]
-    colors = ["#d62728" if n in ("B", "C") else "#7f7f7f" for n in names]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
-    vals = [over[n]["nonstream"] for n in names]
-    ax1.bar(labels, vals, color=colors)
-    ax1.set_ylabel("extra client CPU per call (µs)")
-    ax1.set_title(f"Non-streaming call (bare SDK: {med['A']['nonstream']:.0f} µs)")
-    for i, v in enumerate(vals):
-        ax1.annotate(f"{v:.0f}", (i, v), ha="center", va="bottom", fontsize=9)
-    vals2 = [over[n]["per_chunk"] for n in names]
-    # One far taller bar (genai-openai records a histogram per chunk) would flatten the
-    # rest: clip the axis and print that bar's value at the top.
-    others = [v for n, v in zip(names, vals2, strict=True) if n != "F"]
-    top = max([*others, 1.0]) * 1.6
-    clipped = any(v > top for v in vals2)
-    ax2.bar(labels, [min(v, top) for v in vals2], color=colors)
-    ax2.axhline(0, color="black", linewidth=0.6)
-    if clipped:
-        ax2.set_ylim(top=top * 1.08)
-    ax2.set_ylabel("extra client CPU per chunk (µs)")
-    ax2.set_title("Streaming, per chunk (103- vs 8-chunk stream)")
-    for i, v in enumerate(vals2):
-        shown = f"{v:.2f}" + (" (clipped)" if v > top else "")
-        ax2.annotate(shown, (i, min(v, top)), ha="center", va="bottom", fontsize=9)
-    fig.suptitle(
-        "spec_decode_otel client overhead vs. bare openai SDK"
-        + (" (--quick)" if quick else "")
-        + "; in-process replay, CPU time, medians"
-    )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    print(file=out)
+    for name, value in result["figures"].items():
+        line = f"{name}: {'n/a' if value is None else f'{value:.3f}'}"
+        if name in GUARD_RAILS:
+            met = value is not None and value <= GUARD_RAILS[name]
+            line += f"  (guard-rail <= {GUARD_RAILS[name]:g}: {'met' if met else 'MISSED'})"
+        print(line, file=out)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke-test size (< 60 s)")
-    parser.add_argument("--json", type=Path, help="write the figures as JSON here")
-    parser.add_argument("--png", type=Path, default=DEFAULT_PNG, help="bar chart path")
-    parser.add_argument("--rounds", type=int, help="override the number of timing rounds")
-    parser.add_argument("--no-memory", action="store_true", help="skip the memory run")
-    parser.add_argument(
-        "--async",
-        dest="async_",
-        action="store_true",
-        help="also time every configuration through AsyncOpenAI (a second pass, after the "
-        "sync one, with the same plan)",
-    )
-    parser.add_argument(
-        "--genai-openai-python",
-        metavar="PYTHON",
-        help="time opentelemetry-instrumentation-genai-openai (config F) in this "
-        "interpreter: a venv with it and its opentelemetry-util-genai installed (they "
-        "cannot share an environment with openai-v2 2.4b0). Default for a full run: a "
-        "cached venv built on first use (_genai_venv.py)",
-    )
-    parser.add_argument(
-        "--no-genai-openai",
-        action="store_true",
-        help="skip config F (a --quick run skips it unless --genai-openai-python is given)",
-    )
+    parser.add_argument("--quick", action="store_true", help="CI smoke run, < 60 s; noisy")
+    json_help = "results as JSON to FILE, or to stdout (the report then goes to stderr)"
+    parser.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
+    parser.add_argument("--hostile", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    global NAMES
-    NAMES = ORDER
-    genai_python = args.genai_openai_python
-    if genai_python is None and not (args.quick or args.no_genai_openai):
-        genai_python, how = _genai_venv.ensure()
-        print(f"config F venv: {genai_python or 'unavailable'} ({how})", file=sys.stderr)
-    if genai_python:
-        PYTHONS["F"] = genai_python
-        NAMES = (*ORDER, "F")
+    if args.hostile:  # the child process measuring hostile bodies
+        hostile_child(int(args.hostile[0]), int(args.hostile[1]), args.hostile[2:])
+        return 0
     plan = QUICK if args.quick else FULL
-    if args.rounds:
-        plan = Plan(**{**plan.__dict__, "rounds": args.rounds})
-    payloads = load_payloads()
-    chunks = payloads.stream_chunks
-    short_chunks = payloads.stream_short_chunks
-    t0 = time.monotonic()
-    log = sys.stderr
-    print(
-        f"timing {len(NAMES)} configurations, {plan.rounds} interleaved rounds "
-        f"({plan.nonstream_batch} non-streaming calls, {plan.stream_pairs} x "
-        f"{plan.stream_batch} long or {plan.stream_short_batch} short streams per batch, "
-        "each on and off)",
-        file=log,
-        flush=True,
-    )
-    passes, described = run_timing(plan, log, (KINDS, ASYNC_KINDS) if args.async_ else (KINDS,))
-    samples = passes[0]
-    med, over, diffs = summarise(samples, chunks, short_chunks)
-    spread = intervals(diffs, chunks, short_chunks, both_figures)
-    async_result: dict[str, Any] = {}
-    if args.async_:
-        a_med, a_over, a_diffs = summarise(passes[1], chunks, short_chunks, ASYNC_KINDS)
-        async_result = async_figures(a_med, a_over)
-        async_result["intervals"] = {
-            f"async_{key}": value
-            for key, value in intervals(a_diffs, chunks, short_chunks, both_figures).items()
-        }
-        async_result["samples_us"] = passes[1]
+    started = time.monotonic()
+    bench = Bench(Providers())
+    print(f"timing A, B, D, E: {plan['rounds']} interleaved rounds", file=sys.stderr)
+    times = time_configs(bench, plan)
+    span_attributes = {}
+    for config in ("B", "E"):
+        bench.switch(config, True)
+        bench.cpu_us(config, "nonstream", 1)
+        span_attributes[config] = len(bench.providers.spans.last[-1].attributes)
+        bench.switch(config, False)
+    print(f"memory: {plan['memory']} calls", file=sys.stderr)
+    growth, memory_method = memory_growth_mb(bench.clients["nonstream"], plan["memory"], args.quick)
+    print("parse", file=sys.stderr)
+    parse_us = parse_us_10k_steps(plan["parse_repeat"])
+    print(f"hostile corpus: {len(hostile.BUILDERS)} bodies", file=sys.stderr)
+    hostile_rows = run_hostile(plan)
+    per_mib = [row["us_per_mib"] for row in hostile_rows if row["status"] == "ok"]
 
-    memory: dict[str, Any] = {}
-    rss_growth = None
-    if not args.no_memory:
-        print(
-            f"memory: {plan.memory_calls} non-streaming calls ({plan.memory_method})",
-            file=log,
-            flush=True,
-        )
-        memory = run_memory(plan)
-        scale = MEMORY_CALLS / plan.memory_calls
-        for result in memory.values():
-            result["growth_mb_100k_calls"] = result["growth_bytes"] * scale / 2**20
-        rss_growth = memory["B"]["growth_mb_100k_calls"]
-    print("parse: benchmarks/parse_bench.py", file=log, flush=True)
-    parse_us = parse_figure()
-
+    over = overheads(times)
     b, d, e = over["B"], over["D"], over["E"]
+    chunks = bench.chunks["stream"] - bench.chunks["stream_short"]
     figures = {
-        **shared_figures(over),
+        "overhead_vs_openai_v2": b["nonstream"] / d["nonstream"],
+        "overhead_vs_floor": b["nonstream"] / e["nonstream"],
+        "stream_us_per_chunk": (b["stream"] - b["stream_short"]) / chunks,
         "parse_us_10k_steps": parse_us,
-        "rss_growth_mb_100k_calls": rss_growth,
+        "rss_growth_mb_100k_calls": growth,
+        # None when a body timed out or failed: no worst case is known then
+        "worst_case_us_per_mib": max(per_mib) if len(per_mib) == len(hostile_rows) else None,
     }
-
-    print()
-    print(
-        "Client CPU per call, median of interleaved batches (µs); '+' columns: median of "
-        "(on - off) in the same worker, off = instrumentation switched off"
-    )
-    print(render_table(med, over, described, chunks))
-    for kind in ("nonstream", "stream"):
-        shape = ("spans", "span_attributes", "histogram_records")
-        ours = [described["B"].get(kind, {}).get(k) for k in shape]
-        for ref in ("E", "G"):
-            theirs = [described[ref].get(kind, {}).get(k) for k in shape]
-            if ours != theirs:
-                print(f"WARNING: {ref} does not do B's OTel work ({kind}): {theirs} != {ours}")
-    print(
-        f"stream = {chunks} chunks ({payloads.stream_content_chunks} content), short = "
-        f"{short_chunks} chunks; +µs/chunk = (stream +µs - short +µs) / {chunks - short_chunks}"
-        "; records = synchronous histogram records per non-streaming/streaming call"
-    )
-    print(
-        "per chunk, (stream +µs - non-stream +µs) / "
-        f"{chunks}: "
-        + ", ".join(f"{n} {over[n]['per_chunk_vs_nonstream']:+.2f}" for n in NAMES[1:])
-    )
-    if memory:
-        how = (
-            "RSS"
-            if plan.memory_method == "rss"
-            else f"tracemalloc over {plan.memory_calls} calls, scaled to {MEMORY_CALLS}"
-        )
-        for name, result in memory.items():
-            print(
-                f"memory {name} {CONFIGS[name][0]}: {result['growth_mb_100k_calls']:+.2f} MB "
-                f"per {MEMORY_CALLS} non-streaming calls ({how})"
-            )
-    print()
-    print(render_figures(figures))
-    print()
-    print(f"stream_us_per_chunk_vs_nonstream: {b['per_chunk_vs_nonstream']:.3f}")
-    # The floor against openai-v2: the least overhead_vs_openai_v2 that any code emitting
-    # B's span and histogram records through this OTel SDK can reach.
-    floor_vs_openai_v2 = ratio(e["nonstream"], d["nonstream"])
-    if floor_vs_openai_v2 is not None:
-        print(f"floor_vs_openai_v2: {floor_vs_openai_v2:.3f}")
-    print(f"ours_above_floor_us: {b['nonstream'] - e['nonstream']:.1f}")
-    yardstick = minimal_figures(over)
-    print(render_figures(yardstick))
-    if "F" in over and over["F"]["nonstream"]:
-        print(f"overhead_vs_genai_openai: {b['nonstream'] / over['F']['nonstream']:.3f}")
-    if async_result:
-        print()
-        print("Through AsyncOpenAI (same payloads and plan; + = median of on - off, µs):")
-        print(render_async(async_result))
-        print(render_figures(async_result["figures"]))
-    print()
-    print("95 % bootstrap intervals (batch pairs resampled; how far another run could land):")
-    print(render_intervals(spread))
-    if async_result:
-        print(render_intervals(async_result["intervals"]))
-    print()
-    for key, value in figures.items():
-        verdict = "not measured" if value is None else "met" if value <= TARGETS[key] else "MISSED"
-        if key in spread:
-            verdict += " (95 % interval {:.3f} .. {:.3f})".format(*spread[key])
-        print(f"  target {key} <= {TARGETS[key]:g}: {verdict}")
-    print(f"(took {time.monotonic() - t0:.0f} s)")
-
+    packages = ("openai", "opentelemetry-sdk", "opentelemetry-instrumentation-openai-v2")
     result = {
         "figures": figures,
-        "intervals": spread,
-        "targets": TARGETS,
-        "definitions": {
-            "overhead_vs_openai_v2": "(B-A)/(D-A), non-streaming, paired medians",
-            "overhead_vs_floor": "(B-A)/(E-A), non-streaming, paired medians",
-            "stream_us_per_chunk": (
-                "((B-A) on the long stream - (B-A) on the short stream) / (chunk difference)"
-            ),
-            "stream_us_per_chunk_vs_nonstream": "((B-A)_stream - (B-A)_nonstream) / chunks",
-            "parse_us_10k_steps": "benchmarks/parse_bench.py",
-            "rss_growth_mb_100k_calls": (
-                "config B (spans exported synchronously to a dropping exporter), RSS growth "
-                "over 100k non-streaming calls after 5k warm-up calls"
-                if plan.memory_method == "rss"
-                else f"config B, tracemalloc growth over {plan.memory_calls} calls x "
-                f"{MEMORY_CALLS // plan.memory_calls} (extrapolated)"
-            ),
-        },
-        "configs": {n: {"label": CONFIGS[n][0], "description": CONFIGS[n][1]} for n in NAMES},
-        "median_us_per_call": med,
-        "overhead_us": over,
-        "described": described,
-        "memory": memory,
-        "samples_us": samples,
-        "plan": plan.__dict__,
+        "guard_rails": GUARD_RAILS,
         "quick": args.quick,
-        "stream_chunks": chunks,
-        "stream_short_chunks": short_chunks,
-        "stream_us_per_chunk_vs_nonstream": b["per_chunk_vs_nonstream"],
-        "async": async_result,
-        "floor_vs_openai_v2": floor_vs_openai_v2,
-        "ours_above_floor_us": b["nonstream"] - e["nonstream"],
-        "minimal": yardstick,
-        "environment": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "openai": _pkg("openai"),
-            "opentelemetry-sdk": _pkg("opentelemetry-sdk"),
-            "opentelemetry-instrumentation-openai-v2": _pkg(
-                "opentelemetry-instrumentation-openai-v2"
-            ),
-            "spec-decode-otel": _pkg("spec-decode-otel"),
-        },
+        "plan": plan,
+        "median_us": {c: {k: statistics.median(v) for k, v in t.items()} for c, t in times.items()},
+        "overhead_us": over,
+        "chunks": bench.chunks,
+        "span_attributes": span_attributes,
+        "memory_method": memory_method,
+        "hostile": hostile_rows,
+        "seconds": round(time.monotonic() - started),
+        "environment": {"python": platform.python_version(), "cpus": os.cpu_count()}
+        | {p: version(p) for p in packages},
     }
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    if args.png:
-        write_png(args.png, over, med, args.quick)
-        print(f"chart: {args.png}")
+    report(result, sys.stderr if args.json == "-" else sys.stdout)
+    if args.json == "-":
+        print(json.dumps(result, indent=2))
+    elif args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

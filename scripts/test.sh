@@ -47,8 +47,4 @@ if [[ $status -ne 0 ]]; then
 fi
 
 step "overhead benchmark (smoke run; figures are not asserted)"
-"$PYTHON" benchmarks/overhead.py --quick --async
-
-step "in-situ attribution (smoke run; py-spy samples a worker; figures are not asserted)"
-"$PYTHON" benchmarks/attribution.py --quick
-"$PYTHON" benchmarks/attribution.py --quick --configs B --kind async_stream
+"$PYTHON" benchmarks/overhead.py --quick

@@ -1,0 +1,376 @@
+"""The instrumentation against a real llama.cpp server doing speculative decoding on CPU.
+
+Server: llama.cpp b11312 (commit 0c1e57098bba43ac29e6e3b677cdceebdd22334f, the tree
+vendored in the llama-cpp-python 0.3.36 sdist), built by scripts/install-llama-server.sh;
+models from tests/engines/tiny_models.py. What these tests pin, from that source:
+
+- tools/server/server-common.cpp, ``server_slot_stats::to_json``: ``timings`` carries
+  ``draft_n`` and ``draft_n_accepted`` only when ``draft_n > 0``; no verify-step count.
+- tools/server/server-task.cpp: non-streaming chat and completion bodies carry
+  ``timings`` at the root; a chat stream puts it on its LAST delta
+  (``deltas.back()["timings"]``): the ``finish_reason`` chunk, or the usage chunk
+  (``choices: []``) when ``stream_options.include_usage`` is set; a completion stream's
+  final chunk carries ``finish_reason``, ``usage`` and ``timings`` together.
+- ``--metrics``: ``llamacpp:spec_decode_num_draft_tokens_total`` and
+  ``llamacpp:spec_decode_num_accepted_tokens_total`` count the same tokens.
+
+Every expected value is read from the response's own raw body or SSE text (kept by the
+capture transport of tests/engines/harness.py), never from a constant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import (
+    A_ACCEPTED,
+    A_DRAFTED,
+    A_RATE,
+    M_ACCEPTED_DRAFT_TOKENS,
+    M_DRAFT_TOKENS,
+    Exchanges,
+    RawExchange,
+    Telemetry,
+    async_client,
+    expected_attributes,
+    instrumented,
+    spec_attributes,
+    sync_client,
+)
+from llama_server import M_ACCEPTED_TOKENS as SERVER_ACCEPTED
+from llama_server import M_DRAFT_TOKENS as SERVER_DRAFTED
+from llama_server import LlamaInstall, LlamaServer
+
+pytestmark = pytest.mark.engine
+
+MAX_TOKENS = 16
+STEP_ATTRIBUTES = (
+    "spec_decode.num_spec_steps",
+    "spec_decode.mean_acceptance_length",
+    "spec_decode.acceptance_histogram",
+)
+PROMPTS = [f"Request {i}: tell me about the number {i * 7}." for i in range(8)]
+
+
+def _params(endpoint: str, prompt: str, **extra: Any) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "model": "tiny-target",
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        **extra,
+    }
+    if endpoint == "chat":
+        params["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        params["prompt"] = prompt
+    return params
+
+
+def _resource(client: Any, endpoint: str) -> Any:
+    return client.chat.completions if endpoint == "chat" else client.completions
+
+
+def _cli_record(raw: RawExchange, tmp_path: Path) -> dict[str, Any]:
+    """``spec-decode-otel parse FILE`` on the raw body or SSE text."""
+    path = tmp_path / f"capture-{len(list(tmp_path.iterdir()))}.{'sse' if raw.is_sse else 'json'}"
+    path.write_text(raw.text)
+    script = Path(sys.executable).with_name("spec-decode-otel")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "spec_decode_otel"]
+    proc = subprocess.run(
+        [*command, "parse", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout)
+    assert record is not None, f"parse found no record in {path}: {raw.text[:500]}"
+    return record
+
+
+def _assert_spans_match(spans: list[Any], raws: list[RawExchange], *, ordered: bool) -> None:
+    """Each span's spec_decode.* attributes are exactly what its response's timings say."""
+    assert len(spans) == len(raws), (len(spans), [r.path for r in raws])
+    got = [spec_attributes(s) for s in spans]
+    want = [expected_attributes(r.timings()) for r in raws]
+    if not ordered:  # concurrent: compare as multisets
+        key = lambda a: (a[A_DRAFTED], a[A_ACCEPTED])  # noqa: E731
+        got, want = sorted(got, key=key), sorted(want, key=key)
+    for g, w in zip(got, want, strict=True):
+        assert {k: g.get(k) for k in w} == {**w, A_RATE: pytest.approx(w[A_RATE], rel=1e-12)}
+        # No verify-step count from llama.cpp: nothing derived from one may appear.
+        assert not set(g) & set(STEP_ATTRIBUTES), g
+
+
+def _assert_totals_reconcile(
+    server: LlamaServer, before: dict[str, float], telemetry: Telemetry, raws: list[RawExchange]
+) -> tuple[int, int]:
+    """Server /metrics deltas == sum of the raw timings == the OTel counters' totals."""
+    after = server.metrics()
+    drafted = sum(r.timings()["draft_n"] for r in raws)
+    accepted = sum(r.timings()["draft_n_accepted"] for r in raws)
+    assert drafted > 0
+    assert after[SERVER_DRAFTED] - before.get(SERVER_DRAFTED, 0.0) == drafted
+    assert after[SERVER_ACCEPTED] - before.get(SERVER_ACCEPTED, 0.0) == accepted
+    assert telemetry.counter_total(M_DRAFT_TOKENS) == drafted
+    assert telemetry.counter_total(M_ACCEPTED_DRAFT_TOKENS) == accepted
+    return drafted, accepted
+
+
+def _extra(obj: Any) -> dict[str, Any]:
+    return obj.model_extra or {}
+
+
+# --------------------------------------------------------------------------- the matrix
+
+MODES = [
+    ("chat", "raw"),
+    ("completions", "raw"),
+    ("chat", "stream"),
+    ("chat", "stream_usage"),
+    ("completions", "stream"),
+    ("completions", "stream_usage"),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "mode"), MODES, ids=[f"{e}-{m}" for e, m in MODES])
+def test_span_carries_the_responses_own_timings(
+    endpoint: str,
+    mode: str,
+    llama_server: Any,
+    telemetry: Telemetry,
+    tmp_path: Path,
+) -> None:
+    """Sync client, noisy draft (partial acceptance): for each call shape, the span's
+    spec_decode.* attributes equal that response's raw ``timings``, the caller still sees
+    ``timings`` where llama.cpp put them, the CLI parses the same record from the raw
+    capture, and the batch reconciles with the server's /metrics and the OTel counters."""
+    server = llama_server("noisy")
+    sink = Exchanges()
+    before = server.metrics()
+    seen_timings: list[dict[str, Any]] = []
+    with sync_client(server.base_url, sink) as client:
+        for prompt in PROMPTS[:2]:
+            resource = _resource(client, endpoint)
+            if mode == "raw":
+                raw = resource.with_raw_response.create(**_params(endpoint, prompt))
+                parsed = raw.parse()
+                assert json.loads(raw.text)["timings"] == _extra(parsed)["timings"]
+                assert parsed.usage.completion_tokens == MAX_TOKENS
+                seen_timings.append(_extra(parsed)["timings"])
+                continue
+            extra = {"stream_options": {"include_usage": True}} if mode == "stream_usage" else {}
+            with resource.create(**_params(endpoint, prompt, stream=True, **extra)) as stream:
+                chunks = list(stream)
+            carriers = [c for c in chunks if "timings" in _extra(c)]
+            assert len(carriers) == 1, "exactly one chunk carries timings"
+            (carrier,) = carriers
+            if endpoint == "chat" and mode == "stream_usage":
+                # With include_usage llama.cpp moves timings to the usage chunk.
+                assert carrier.choices == [] and carrier.usage is not None
+            elif endpoint == "chat":
+                assert carrier.choices[0].finish_reason == "length"
+                assert carrier.usage is None
+            else:  # completion streams: one final chunk with everything
+                assert carrier.choices[0].finish_reason == "length"
+                assert carrier.usage is not None
+            assert carrier is chunks[-1]
+            seen_timings.append(_extra(carrier)["timings"])
+
+    raws = sink.take()
+    spans = telemetry.spans()
+    assert [r.is_sse for r in raws] == [mode != "raw"] * 2
+    assert [r.timings() for r in raws] == seen_timings  # the caller saw the raw values
+    assert all(r.timings()["predicted_n"] == MAX_TOKENS for r in raws)
+    _assert_spans_match(spans, raws, ordered=True)
+    drafted, accepted = _assert_totals_reconcile(server, before, telemetry, raws)
+    assert 0 < accepted < drafted, "the noisy draft should be partly accepted"
+
+    for raw, span in zip(raws, spans, strict=True):
+        record = _cli_record(raw, tmp_path)
+        attrs = spec_attributes(span)
+        assert record["engine"] == attrs["spec_decode.engine"] == "llamacpp"
+        assert record["num_draft_tokens"] == attrs[A_DRAFTED]
+        assert record["num_accepted_draft_tokens"] == attrs[A_ACCEPTED]
+        assert record["draft_acceptance_rate"] == pytest.approx(attrs[A_RATE], rel=1e-12)
+        # llama.cpp sends no verify-step count: no steps, mean or histogram.
+        assert record["num_spec_steps"] is None
+        assert record["mean_acceptance_length"] is None
+        assert record["acceptance_histogram"] is None
+
+
+async def test_async_client_spans_carry_each_responses_timings(
+    llama_server: Any, telemetry: Telemetry
+) -> None:
+    """AsyncOpenAI: non-streaming chat, streaming completions and a streaming chat with
+    include_usage, one after another; spans equal the raw timings, totals reconcile."""
+    server = llama_server("noisy")
+    sink = Exchanges()
+    before = server.metrics()
+    async with async_client(server.base_url, sink) as client:
+        await client.chat.completions.create(**_params("chat", PROMPTS[2]))
+        stream = await client.completions.create(**_params("completions", PROMPTS[3], stream=True))
+        async with stream:
+            [c async for c in stream]
+        stream = await client.chat.completions.create(
+            **_params("chat", PROMPTS[4], stream=True, stream_options={"include_usage": True})
+        )
+        async with stream:
+            [c async for c in stream]
+    raws = sink.take()
+    chat, completions = "/v1/chat/completions", "/v1/completions"
+    assert [r.path for r in raws] == [chat, completions, chat]
+    assert [r.is_sse for r in raws] == [False, True, True]
+    _assert_spans_match(telemetry.spans(), raws, ordered=True)
+    _assert_totals_reconcile(server, before, telemetry, raws)
+
+
+async def test_eight_concurrent_requests_reconcile_with_server_metrics(
+    llama_server: Any, telemetry: Telemetry
+) -> None:
+    """8 requests at once (chat and completions, streaming and not) through one async
+    client: one span per request with its own response's counts, and the batch's OTel
+    counter totals equal the server's /metrics deltas exactly."""
+    server = llama_server("noisy")
+    sink = Exchanges()
+    before = server.metrics()
+
+    async def one(client: Any, i: int) -> None:
+        endpoint = "chat" if i % 2 else "completions"
+        if i % 4 < 2:
+            await _resource(client, endpoint).create(**_params(endpoint, PROMPTS[i]))
+            return
+        stream = await _resource(client, endpoint).create(
+            **_params(endpoint, PROMPTS[i], stream=True)
+        )
+        async with stream:
+            [c async for c in stream]
+
+    async with async_client(server.base_url, sink) as client:
+        await asyncio.gather(*(one(client, i) for i in range(8)))
+    raws = sink.take()
+    assert len(raws) == 8
+    _assert_spans_match(telemetry.spans(), raws, ordered=False)
+    _assert_totals_reconcile(server, before, telemetry, raws)
+
+
+# --------------------------------------------------------------------------- drafts
+
+
+def _run_batch(server: LlamaServer, telemetry: Telemetry, n: int) -> tuple[list[Any], list[Any]]:
+    sink = Exchanges()
+    before = server.metrics()
+    with sync_client(server.base_url, sink) as client:
+        for i in range(n):
+            client.chat.completions.create(**_params("chat", PROMPTS[i]))
+    raws = sink.take()
+    spans = telemetry.spans()
+    _assert_spans_match(spans, raws, ordered=True)
+    _assert_totals_reconcile(server, before, telemetry, raws)
+    return spans, raws
+
+
+def test_identical_draft_is_always_accepted(llama_server: Any, telemetry: Telemetry) -> None:
+    """Draft = a byte-identical copy of the target: greedy drafts always match, so every
+    span reports rate 1.0 with accepted == drafted > 0."""
+    spans, _ = _run_batch(llama_server("identical"), telemetry, 3)
+    for span in spans:
+        attrs = spec_attributes(span)
+        assert attrs[A_DRAFTED] > 0
+        assert attrs[A_ACCEPTED] == attrs[A_DRAFTED]
+        assert attrs[A_RATE] == 1.0
+
+
+def test_independent_draft_is_almost_never_accepted(
+    llama_server: Any, telemetry: Telemetry
+) -> None:
+    """Draft = a model of another seed: its guesses are unrelated to the target's, so
+    the rate stays near 0 (below 0.2 per request)."""
+    spans, _ = _run_batch(llama_server("independent"), telemetry, 3)
+    for span in spans:
+        attrs = spec_attributes(span)
+        assert attrs[A_DRAFTED] > 0
+        assert attrs[A_RATE] < 0.2
+
+
+# --------------------------------------------------------------------------- switches
+
+
+def test_draft_model_without_spec_type_sends_no_stats(
+    llama_server: Any, telemetry: Telemetry
+) -> None:
+    """``-md draft.gguf`` alone loads the draft but never drafts in llama.cpp b11312
+    (``--spec-type`` defaults to none; common/arg.cpp infers a type only for DFlash,
+    DSpark and MTP drafts): no ``draft_n`` in ``timings``, so the span carries no
+    record attributes and the server's draft counter does not move."""
+    server = llama_server("identical", spec=False)
+    sink = Exchanges()
+    before = server.metrics()
+    with sync_client(server.base_url, sink) as client:
+        client.chat.completions.create(**_params("chat", PROMPTS[0]))
+    (raw,) = sink.take()
+    timings = raw.timings()
+    assert timings["predicted_n"] == MAX_TOKENS
+    assert "draft_n" not in timings
+    (span,) = telemetry.spans()
+    record_keys = set(expected_attributes({"draft_n": 1, "draft_n_accepted": 0}))
+    assert not set(spec_attributes(span)) & (record_keys | set(STEP_ATTRIBUTES))
+    assert server.metrics().get(SERVER_DRAFTED, 0.0) == before.get(SERVER_DRAFTED, 0.0)
+
+
+def test_injected_include_usage_moves_timings_out_of_the_callers_view(
+    llama_server: Any,
+) -> None:
+    """With ``inject_include_usage=True`` the request goes out with include_usage, so
+    llama.cpp puts ``timings`` on the usage chunk instead of the finish_reason chunk; the
+    instrumentation hides that injected chunk, so the caller sees no ``timings`` at all,
+    while the span still has the record."""
+    server = llama_server("noisy")
+    sink = Exchanges()
+    with instrumented(inject_include_usage=True) as telemetry:
+        with (
+            sync_client(server.base_url, sink) as client,
+            client.chat.completions.create(**_params("chat", PROMPTS[5], stream=True)) as stream,
+        ):
+            chunks = list(stream)
+        spans = telemetry.spans()
+    (raw,) = sink.take()
+    assert raw.request["stream_options"] == {"include_usage": True}  # injected
+    carrier = raw.timings_message()
+    assert carrier["choices"] == [] and "usage" in carrier  # on the (hidden) usage chunk
+    assert chunks and all(c.choices for c in chunks)  # the caller never sees it
+    assert not [c for c in chunks if "timings" in _extra(c)]
+    assert chunks[-1].choices[0].finish_reason == "length"
+    _assert_spans_match(spans, [raw], ordered=True)
+
+
+def test_server_reports_the_pinned_llamacpp_build(
+    llama_server: Any, llama_install: LlamaInstall
+) -> None:
+    """The binary under test is the pinned llama.cpp build: its responses' system
+    fingerprint (``llama_build_info()``) names build 11312, commit 0c1e57098."""
+    server = llama_server("noisy")
+    sink = Exchanges()
+    with sync_client(server.base_url, sink) as client:
+        client.chat.completions.create(**_params("chat", PROMPTS[0]))
+    (raw,) = sink.take()
+    assert raw.messages()[0]["system_fingerprint"] == "b11312-0c1e57098"
+    assert "build b11312, commit 0c1e57098" in llama_install.build_info
+
+
+def test_tiny_models_are_byte_for_byte_reproducible(
+    llama_install: LlamaInstall, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """The generator is deterministic: the identical draft is the target's bytes, and
+    writing the target again gives the same file."""
+    from tiny_models import MODELS, write_model
+
+    target = tiny_models["target"].read_bytes()
+    assert tiny_models["identical"].read_bytes() == target
+    assert tiny_models["noisy"].read_bytes() != target
+    seed, noise = MODELS["target"]
+    again = write_model(tmp_path / "again.gguf", llama_install.vocab, seed=seed, noise=noise)
+    assert again.read_bytes() == target

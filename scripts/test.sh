@@ -29,6 +29,12 @@ step "trace store (Jaeger v2; cached)"
 JAEGER="$(bash scripts/install-jaeger.sh | tail -n 1)"
 export SPEC_DECODE_OTEL_JAEGER="$JAEGER"
 
+step "llama.cpp server with speculative decoding (built from source on CPU; cached)"
+# The engine tests (tests/engines, marker engine) run it; its gguf package and tokenizer
+# model stay beside the binary (share/), where the tests find them.
+LLAMA_SERVER="$(bash scripts/install-llama-server.sh | tail -n 1)"
+export SPEC_DECODE_OTEL_LLAMA_SERVER="$LLAMA_SERVER"
+
 step "ruff"
 "$PYTHON" -m ruff check .
 "$PYTHON" -m ruff format --check .

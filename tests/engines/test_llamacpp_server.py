@@ -296,6 +296,50 @@ def test_independent_draft_is_almost_never_accepted(
         assert attrs[A_RATE] < 0.2
 
 
+def test_timings_per_token_stream_records_the_final_counts(
+    llama_server: Any, telemetry: Telemetry
+) -> None:
+    """llama.cpp's ``timings_per_token: true`` puts a running ``timings`` on (almost)
+    every chunk (server-task.cpp, partial results); the span must carry the final
+    counts, those of the last chunk, not an earlier running value."""
+    server = llama_server("noisy")
+    sink = Exchanges()
+    before = server.metrics()
+    with (
+        sync_client(server.base_url, sink) as client,
+        client.chat.completions.create(
+            **_params("chat", PROMPTS[6], stream=True, extra_body={"timings_per_token": True})
+        ) as stream,
+    ):
+        list(stream)
+    (raw,) = sink.take()
+    running = [m["timings"] for m in raw.messages() if "draft_n" in m.get("timings", {})]
+    assert len(running) > 2 and running[0]["draft_n"] < running[-1]["draft_n"]
+    (span,) = telemetry.spans()
+    want = expected_attributes(running[-1])
+    assert {k: spec_attributes(span).get(k) for k in want} == want
+    after = server.metrics()
+    assert after[SERVER_DRAFTED] - before.get(SERVER_DRAFTED, 0.0) == running[-1]["draft_n"]
+
+
+def test_two_choices_give_no_record(llama_server: Any, telemetry: Telemetry) -> None:
+    """``n=2``: llama.cpp answers with two choices and ONE root ``timings``, which cannot
+    be split per sequence, so there is no record (README, "No record at all"), and the
+    OTel counters stay at 0 while the server's own counter moves."""
+    server = llama_server("noisy")
+    sink = Exchanges()
+    before = server.metrics()
+    with sync_client(server.base_url, sink) as client:
+        raw = client.chat.completions.with_raw_response.create(**_params("chat", PROMPTS[7], n=2))
+        assert len(raw.parse().choices) == 2
+    (exchange,) = sink.take()
+    assert exchange.timings()["draft_n"] > 0
+    (span,) = telemetry.spans()
+    assert A_DRAFTED not in spec_attributes(span)
+    assert telemetry.counter_total(M_DRAFT_TOKENS) == 0
+    assert server.metrics()[SERVER_DRAFTED] > before.get(SERVER_DRAFTED, 0.0)
+
+
 # --------------------------------------------------------------------------- switches
 
 

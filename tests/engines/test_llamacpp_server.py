@@ -391,6 +391,31 @@ def test_injected_include_usage_moves_timings_out_of_the_callers_view(
     _assert_spans_match(spans, [raw], ordered=True)
 
 
+def test_injected_include_usage_leaves_completion_streams_whole(llama_server: Any) -> None:
+    """A llama.cpp completion stream has no separate usage chunk: its final chunk carries
+    text, ``finish_reason``, ``usage`` and ``timings`` together. With
+    ``inject_include_usage=True`` the caller must still get every chunk, that final
+    one included (nothing to hide), and the span the record."""
+    server = llama_server("noisy")
+    sink = Exchanges()
+    with instrumented(inject_include_usage=True) as telemetry:
+        with (
+            sync_client(server.base_url, sink) as client,
+            client.completions.create(**_params("completions", PROMPTS[6], stream=True)) as stream,
+        ):
+            chunks = list(stream)
+        spans = telemetry.spans()
+    (raw,) = sink.take()
+    events = raw.messages()
+    assert raw.request["stream_options"] == {"include_usage": True}  # injected
+    assert len(chunks) == len(events)
+    text = "".join(c.choices[0].text for c in chunks)
+    assert text == "".join(e["choices"][0]["text"] for e in events)
+    assert _extra(chunks[-1])["timings"] == raw.timings()
+    assert chunks[-1].usage is not None and chunks[-1].choices[0].finish_reason == "length"
+    _assert_spans_match(spans, [raw], ordered=True)
+
+
 def test_server_reports_the_pinned_llamacpp_build(
     llama_server: Any, llama_install: LlamaInstall
 ) -> None:

@@ -60,12 +60,13 @@ GUARD_RAILS = {
 CONFIGS = {"A": "bare SDK", "B": "spec-decode-otel", "D": "openai-v2", "E": "floor"}
 KINDS = ("nonstream", "stream", "stream_short")
 MESSAGES = [{"role": "user", "content": "Summarise speculative decoding in two paragraphs."}]
-#: rounds; calls per batch of each kind; memory-run calls; parse repeats; hostile repeats
-#: per body (more for cheap bodies) and seconds allowed per body
+#: rounds; calls per batch of each kind; memory-run calls; parse repeats; per hostile
+#: body: the least number of on/off call pairs, seconds of calls to aim for (up to 20
+#: pairs), and seconds allowed before it is stopped
 FULL = {"rounds": 150, "nonstream": 100, "stream": 8, "stream_short": 50, "memory": 100_000}
-FULL |= {"parse_repeat": 31, "hostile_repeat": 3, "hostile_timeout": 120}
+FULL |= {"parse_repeat": 31, "hostile_repeat": 5, "hostile_seconds": 4, "hostile_timeout": 120}
 QUICK = {"rounds": 24, "nonstream": 20, "stream": 2, "stream_short": 10, "memory": 2_000}
-QUICK |= {"parse_repeat": 7, "hostile_repeat": 1, "hostile_timeout": 20}
+QUICK |= {"parse_repeat": 7, "hostile_repeat": 1, "hostile_seconds": 0.3, "hostile_timeout": 20}
 HOSTILE_MEMORY_LIMIT = 3 << 30  # bytes of address space for the hostile corpus's process
 
 
@@ -302,9 +303,9 @@ def parse_us_10k_steps(repeat: int) -> float:
     return statistics.median(timer.repeat(repeat, number)) / number * 1e6
 
 
-def hostile_body(bench: Bench, name: str, repeat: int) -> dict[str, Any]:
+def hostile_body(bench: Bench, name: str, plan: dict[str, Any]) -> dict[str, Any]:
     """The least CPU of calls replaying one hostile body, uninstrumented and instrumented
-    (B) in turn (``repeat`` each, more for cheap bodies), and the extra peak RSS."""
+    (B) in turn, and the extra peak RSS."""
     body = hostile.build(name)
     stream = body.startswith(b"data:")
     client = replay_client(body, "text/event-stream" if stream else "application/json")
@@ -322,7 +323,8 @@ def hostile_body(bench: Bench, name: str, repeat: int) -> dict[str, Any]:
     first = cpu_us()  # the SDK's first parse of this body, not counted
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     off, on = [], []
-    for _ in range(max(repeat, min(20, int(200_000 / first)))):
+    pairs = min(20, int(plan["hostile_seconds"] * 1e6 / 2 / first))
+    for _ in range(max(plan["hostile_repeat"], pairs)):
         off.append(cpu_us())
         bench.switch("B", True)
         call(bench.clients["nonstream"], False)  # the instrumentation's first call
@@ -341,24 +343,26 @@ def hostile_body(bench: Bench, name: str, repeat: int) -> dict[str, Any]:
     }
 
 
-def hostile_child(repeat: int, timeout: int, names: list[str]) -> None:
+def hostile_child(quick: bool, names: list[str]) -> None:
     """Measures ``names`` in turn, one JSON line each. SIGALRM, whose default action ends
-    the process, stops a body that takes longer than ``timeout`` seconds."""
+    the process, stops a body that takes longer than the plan's ``hostile_timeout``."""
     resource.setrlimit(resource.RLIMIT_AS, (HOSTILE_MEMORY_LIMIT, HOSTILE_MEMORY_LIMIT))
+    plan = QUICK if quick else FULL
     bench = Bench(Providers(SimpleSpanProcessor))
     for name in names:
-        signal.alarm(timeout)
-        print(json.dumps(hostile_body(bench, name, repeat)), flush=True)
+        signal.alarm(plan["hostile_timeout"])
+        print(json.dumps(hostile_body(bench, name, plan)), flush=True)
         signal.alarm(0)
 
 
-def run_hostile(plan: dict[str, Any]) -> list[dict[str, Any]]:
+def run_hostile(quick: bool) -> list[dict[str, Any]]:
     """Every hostile body, in a child process that is started again after a body that
     ended it (by its time limit, or a failure such as its memory limit)."""
     names, rows = list(hostile.BUILDERS), []
-    repeat, timeout = str(plan["hostile_repeat"]), plan["hostile_timeout"]
+    timeout = (QUICK if quick else FULL)["hostile_timeout"]
     while len(rows) < len(names):
-        argv = [sys.executable, __file__, "--hostile", repeat, str(timeout), *names[len(rows) :]]
+        argv = [sys.executable, __file__, "--hostile", *names[len(rows) :]]
+        argv += ["--quick"] if quick else []
         done = subprocess.run(argv, capture_output=True, text=True)
         rows += [json.loads(line) for line in done.stdout.splitlines()]
         if len(rows) < len(names):
@@ -411,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hostile", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.hostile:  # the child process measuring hostile bodies
-        hostile_child(int(args.hostile[0]), int(args.hostile[1]), args.hostile[2:])
+        hostile_child(args.quick, args.hostile)
         return 0
     plan = QUICK if args.quick else FULL
     started = time.monotonic()
@@ -429,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     print("parse", file=sys.stderr)
     parse_us = parse_us_10k_steps(plan["parse_repeat"])
     print(f"hostile corpus: {len(hostile.BUILDERS)} bodies", file=sys.stderr)
-    hostile_rows = run_hostile(plan)
+    hostile_rows = run_hostile(args.quick)
     per_mib = [row["us_per_mib"] for row in hostile_rows if row["status"] == "ok"]
 
     over = overheads(times)

@@ -63,7 +63,11 @@ def noisy_llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServe
     try:
         install = find_llama_server()
     except LlamaServerMissing as exc:
-        pytest.fail(f"no llama.cpp server for the engine e2e test: {exc}", pytrace=False)
+        missing = str(exc)
+    else:
+        missing = ""
+    if missing:
+        pytest.fail(f"no llama.cpp server for the engine e2e test: {missing}", pytrace=False)
     use_gguf(install)
     from tiny_models import MODELS, write_model
 
@@ -116,7 +120,7 @@ def _wait_for(prom: httpx.Client, expr: str, want: float) -> float | None:
 
 
 def test_llamacpp_counts_reach_prometheus_equal_to_the_servers_own(
-    e2e_stack: Stack, prom: httpx.Client, jaeger: httpx.Client, noisy_llama: LlamaServer
+    noisy_llama: LlamaServer, e2e_stack: Stack, prom: httpx.Client, jaeger: httpx.Client
 ) -> None:
     """Prometheus's spec_decode_draft_tokens_total and
     spec_decode_accepted_draft_tokens_total for the run's service equal the llama.cpp

@@ -128,7 +128,7 @@ SRC="${WORK}/vendor/llama.cpp"
 log "configuring with $("${CXX}" --version | head -n 1); $(cmake --version | head -n 1)"
 start=$(date +%s)
 cmake -S "${SRC}" -B "${WORK}/build" "${CMAKE_FLAGS[@]}" >&2
-log "building llama-server with ${JOBS} jobs (about 10 min on 2 cores)"
+log "building llama-server with ${JOBS} jobs (10 to 20 min on 2 shared cores)"
 cmake --build "${WORK}/build" --target llama-server -j "${JOBS}" >&2
 log "built in $(($(date +%s) - start))s"
 

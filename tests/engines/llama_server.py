@@ -27,7 +27,7 @@ from e2e_stack import ManagedProcess, StackError, child_env, free_ports, wait_un
 ENV_LLAMA_SERVER = "SPEC_DECODE_OTEL_LLAMA_SERVER"
 INSTALL_HINT = (
     f'export {ENV_LLAMA_SERVER}="$(bash scripts/install-llama-server.sh | tail -n 1)" '
-    "(scripts/test.sh does this; the first build takes about 10 minutes on 2 cores)"
+    "(scripts/test.sh does this; the first build takes 10 to 20 minutes on 2 cores)"
 )
 
 #: The server's speculative-decoding flags. ``--spec-type draft-simple`` is required: in

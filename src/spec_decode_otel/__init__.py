@@ -1,37 +1,53 @@
 """spec-decode-otel: per-request speculative-decoding acceptance as OpenTelemetry.
 
-Public API lives here only; submodules are implementation detail.
+One obvious way per job:
+
+- ``SpecDecodeInstrumentor().instrument()``: every ``openai`` client in the process (the
+  OpenTelemetry convention; ``opentelemetry-instrument`` calls it for you);
+- ``setup()``: the OpenTelemetry SDK with OTLP exporters from ``OTEL_*``, then instrument
+  (the ``otlp`` extra);
+- ``instrument_client(client)``: one client only.
+
+``record_from_json`` / ``record_from_text`` turn saved payloads into records without any
+client, and ``attributes(...)`` adds your own dimensions to the calls in a block.
+Importing this package loads only the OpenTelemetry API. Adapter authors import from
+:mod:`spec_decode_otel.adapters`.
 """
 
-from spec_decode_otel.adapters import SpecDecodeAdapter, detect
-from spec_decode_otel.attributes import attributes
-from spec_decode_otel.capture import ParsedResponse
-from spec_decode_otel.config import Settings
-from spec_decode_otel.configure import Telemetries, setup
-from spec_decode_otel.instrumentation import (
-    SpecDecodeInstrumentor,
-    instrument,
-    instrument_client,
-    uninstrument,
-)
-from spec_decode_otel.parsing import record_from_json, record_from_text
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from spec_decode_otel._attributes import attributes
+from spec_decode_otel.instrumentation import SpecDecodeInstrumentor, instrument_client
+from spec_decode_otel.outcome import Outcome
+from spec_decode_otel.payloads import record_from_json, record_from_text
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 from spec_decode_otel.version import __version__
 
+if TYPE_CHECKING:
+    from spec_decode_otel.sdk_setup import Providers
+
+
+def setup(service_name: str | None = None, **options: Any) -> Providers:
+    """Build the OpenTelemetry SDK from ``OTEL_*`` variables, export over OTLP, and
+    instrument every ``openai`` client (see :func:`spec_decode_otel.sdk_setup.setup`).
+
+    Needs the ``otlp`` extra; without it, raises ImportError naming the extra.
+    """
+    from spec_decode_otel.sdk_setup import setup as _setup
+
+    return _setup(service_name, **options)
+
+
 __all__ = [
-    "ParsedResponse",
-    "Settings",
+    "Outcome",
     "SpecDecodeAcceptanceRecord",
-    "SpecDecodeAdapter",
     "SpecDecodeInstrumentor",
-    "Telemetries",
     "__version__",
     "attributes",
-    "detect",
-    "instrument",
     "instrument_client",
     "record_from_json",
     "record_from_text",
     "setup",
-    "uninstrument",
 ]

@@ -1,4 +1,5 @@
-"""Rate-limited logging: a misbehaving server must not flood the application's logs."""
+"""The library's logger: silent unless the application configures logging, and
+rate-limited, so a misbehaving server cannot flood the application's logs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import threading
 import time
 
 logger = logging.getLogger("spec_decode_otel")
+# The convention for libraries: no output of ours unless the application asks for it.
+logger.addHandler(logging.NullHandler())
 
 
 class RateLimitedLog:
@@ -38,3 +41,35 @@ class RateLimitedLog:
 
 
 rate_limited = RateLimitedLog()
+
+_once_lock = threading.Lock()
+_said_once: set[str] = set()
+
+
+def warn_once(key: str, msg: str, *args: object, exc_info: bool = False) -> bool:
+    """Log ``msg`` at WARNING the first time ``key`` is seen in this process; True then."""
+    with _once_lock:
+        if key in _said_once:
+            return False
+        _said_once.add(key)
+    logger.warning(msg, *args, exc_info=exc_info)
+    return True
+
+
+def report_internal_error(where: str) -> None:
+    """An instrumentation bug: never raised to the caller, but visible. The first one of
+    the process is a WARNING with its traceback; later ones are rate-limited DEBUG."""
+    if not warn_once(
+        "internal-error",
+        "spec_decode_otel internal error in %s (the call itself was not affected); "
+        "later internal errors are logged at DEBUG",
+        where,
+        exc_info=True,
+    ):
+        rate_limited.log(
+            logging.DEBUG,
+            f"internal:{where}",
+            "spec_decode_otel internal error in %s",
+            where,
+            exc_info=True,
+        )

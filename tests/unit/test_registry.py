@@ -17,12 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from spec_decode_otel import ParsedResponse, detect, record_from_json
+from spec_decode_otel import record_from_json
 from spec_decode_otel._logging import rate_limited
 from spec_decode_otel.adapters import (
     BUILTIN_ADAPTERS,
     ENTRY_POINT_GROUP,
+    ParsedResponse,
     SglangAdapter,
+    detect,
     registered_adapters,
     reload_adapters,
 )

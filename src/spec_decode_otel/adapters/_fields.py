@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from spec_decode_otel._logging import logger
+from spec_decode_otel.adapters.protocol import InvalidPayload
 from spec_decode_otel.capture import ParsedResponse, last_completion_tokens
-from spec_decode_otel.record import MAX_ARRAY_LENGTH, SpecDecodeAcceptanceRecord, construct_checked
+from spec_decode_otel.record import MAX_SPEC_STEPS, MAX_SPEC_TOKENS, SpecDecodeAcceptanceRecord
 
 
 def exact_int(value: Any) -> int | None:
@@ -42,8 +42,11 @@ def first_present(mapping: Mapping[str, Any], *names: str) -> Any:
 
 
 def dense_histogram(value: Any) -> dict[int, int] | None:
-    """A dense list of exact ints (index = accepted drafts) as a sparse dict, else None."""
-    if type(value) is not list or len(value) > MAX_ARRAY_LENGTH:
+    """A dense list of exact ints (index = accepted drafts) as a sparse dict, else None.
+
+    A list longer than ``MAX_SPEC_TOKENS + 1`` is refused before it is read.
+    """
+    if type(value) is not list or len(value) > MAX_SPEC_TOKENS + 1:
         return None
     sparse: dict[int, int] = {}
     for j, count in enumerate(value):
@@ -54,18 +57,25 @@ def dense_histogram(value: Any) -> dict[int, int] | None:
     return sparse
 
 
-def int_array(value: Any) -> list[int] | None:
-    """A per-step array: a list under the size cap (element types checked by the record)."""
-    if type(value) is list and len(value) <= MAX_ARRAY_LENGTH:
-        return value
-    return None
+def per_step_arrays(accepted: Any, drafted: Any) -> tuple[list[Any] | None, list[Any] | None]:
+    """The per-step arrays as sent, or neither when one is longer than ``MAX_SPEC_STEPS``.
+
+    The arrays are an optional detail: over the bound, the record keeps its totals and
+    drops both arrays (element types and sums are checked by the record). Anything but a
+    list or null is malformed.
+    """
+    for value in (accepted, drafted):
+        if value is not None and type(value) is not list:
+            raise InvalidPayload("per-step arrays must be lists")
+    if any(type(v) is list and len(v) > MAX_SPEC_STEPS for v in (accepted, drafted)):
+        return None, None
+    return accepted, drafted
 
 
 def is_present(value: Any) -> bool:
-    """Wire rule: null and an empty object both mean 'absent'."""
-    if type(value) is dict:  # what decoded JSON holds; skips the ABC check
-        return bool(value)
-    return value is not None and isinstance(value, Mapping) and bool(value)
+    """Wire rule: null and an empty object both mean 'absent' (anything else is present,
+    and malformed unless it has the engine's shape)."""
+    return value is not None and not (isinstance(value, Mapping) and not value)
 
 
 def last_choice_field(responses: Sequence[ParsedResponse], name: str) -> Any:
@@ -73,17 +83,9 @@ def last_choice_field(responses: Sequence[ParsedResponse], name: str) -> Any:
     for response in reversed(responses):
         for choice in reversed(response.choices):
             value = choice.get(name)
-            if value is not None and value != {}:
+            if is_present(value):
                 return value
     return None
-
-
-def choice_has(responses: Sequence[ParsedResponse], name: str) -> bool:
-    for response in responses:
-        for choice in response.choices:
-            if name in choice:
-                return True
-    return False
 
 
 def stats_choice_indices(responses: Sequence[ParsedResponse], name: str) -> set[Any]:
@@ -91,8 +93,7 @@ def stats_choice_indices(responses: Sequence[ParsedResponse], name: str) -> set[
     indices: set[Any] = set()
     for response in responses:
         for choice in response.choices:
-            value = choice.get(name)
-            if value is not None and is_present(value):
+            if is_present(choice.get(name)):
                 indices.add(_index_key(choice.get("index")))
     return indices
 
@@ -104,25 +105,19 @@ def _index_key(index: Any) -> Any:
 
 def build_record(
     engine: str, responses: Sequence[ParsedResponse], **fields: Any
-) -> SpecDecodeAcceptanceRecord | None:
-    """Validate the mapped fields into a record; an invariant violation gives None."""
+) -> SpecDecodeAcceptanceRecord:
+    """Validate the mapped fields into a record; raise InvalidPayload with the first
+    broken rule (a rule's name, never a value from the payload)."""
     try:
-        return construct_checked(
-            engine=engine, completion_tokens=last_completion_tokens(responses), **fields
+        return SpecDecodeAcceptanceRecord.model_validate(
+            {"engine": engine, "completion_tokens": last_completion_tokens(responses), **fields}
         )
-    except (ValidationError, ValueError, TypeError) as exc:
-        logger.debug("spec-decode %s payload rejected: %s", engine, _first_error(exc))
-        return None
-
-
-def _first_error(exc: Exception) -> str:
-    if isinstance(exc, ValidationError):
+    except ValidationError as exc:
         errors = exc.errors(include_url=False, include_input=False)
-        if errors:
-            return str(errors[0].get("msg"))
-    elif type(exc) is ValueError:  # the record's own messages name a rule, never a value
-        return str(exc)
-    return type(exc).__name__
+        reason = str(errors[0].get("msg")) if errors else "invalid"
+        location = ".".join(str(p) for p in errors[0].get("loc", ())) if errors else ""
+        where = f"{location}: " if location else ""
+        raise InvalidPayload(f"{engine} payload: {where}{reason}") from None
 
 
 def derived_mean_acceptance_length(accepted: int | None, steps: int | None) -> float | None:

@@ -17,16 +17,16 @@ from spec_decode_otel.adapters._fields import (
     derived_rate,
     exact_int,
 )
-from spec_decode_otel.capture import ParsedResponse, is_multi_sequence
+from spec_decode_otel.capture import ParsedResponse
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 
 
 def _draft_timings(response: ParsedResponse) -> Mapping[str, Any] | None:
     """The response's ``timings`` when it carries draft counters (``draft_n``), else None."""
     timings = response.root.get("timings")
-    if timings is None:  # every other engine's response: skip the ABC check
-        return None
-    return timings if isinstance(timings, Mapping) and "draft_n" in timings else None
+    if isinstance(timings, Mapping) and timings.get("draft_n") is not None:
+        return timings
+    return None
 
 
 class LlamaCppAdapter:
@@ -40,8 +40,6 @@ class LlamaCppAdapter:
 
     @classmethod
     def adapt(cls, responses: Sequence[ParsedResponse]) -> SpecDecodeAcceptanceRecord | None:
-        if is_multi_sequence(responses):
-            return None
         timings = next(filter(None, map(_draft_timings, reversed(responses))), None)
         if timings is None:
             return None

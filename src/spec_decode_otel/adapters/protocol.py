@@ -6,11 +6,19 @@ classes themselves and third parties can ship one without instantiation rules.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar, Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from spec_decode_otel.capture import ParsedResponse
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
+
+
+class InvalidPayload(ValueError):
+    """Raised by ``adapt`` for stats that are present but break a rule or a bound.
+
+    The message names the rule (never a value from the payload): it is what the call's
+    ``invalid`` outcome and the one-time hint report.
+    """
 
 
 @runtime_checkable
@@ -19,8 +27,13 @@ class SpecDecodeAdapter(Protocol):
 
     ``can_adapt`` must be cheap and side-effect free and recognise only its own engine's
     signature (location plus field names, never a server header): when two adapters
-    claim one response, detection yields nothing rather than guess. ``adapt`` must not
-    raise; a malformed or contradictory payload gives None.
+    claim one response, detection yields nothing rather than guess. ``adapt`` returns
+    the record, or None / raises :class:`InvalidPayload` for stats it cannot trust; any
+    other exception is treated as a bug in the adapter and isolated.
+
+    ``request_fields`` (optional) names the request-body fields that switch the engine's
+    stats on, e.g. SGLang's ``return_spec_tokens_details``. The user opts in per engine
+    with ``request_engine_stats``; fields the user set are never overwritten.
     """
 
     engine: ClassVar[str]
@@ -30,3 +43,9 @@ class SpecDecodeAdapter(Protocol):
 
     @classmethod
     def adapt(cls, responses: Sequence[ParsedResponse]) -> SpecDecodeAcceptanceRecord | None: ...
+
+
+def request_fields(adapter: object) -> Mapping[str, Any]:
+    """The adapter's ``request_fields``, or none (the attribute is optional)."""
+    fields = getattr(adapter, "request_fields", None)
+    return fields if isinstance(fields, Mapping) else {}

@@ -1,14 +1,15 @@
-"""Detection: which adapter, if any, owns a request's responses.
+"""Detection: which adapter, if any, owns a request's responses, and the outcome.
 
 Order is deterministic and documented: the built-ins ``vllm``, ``sglang``,
 ``tensorrt_llm``, ``llamacpp``, then third-party adapters from the entry-point group
 ``spec_decode_otel.adapters`` sorted by entry-point name. Order matters only for
 logging, because the rule is exclusive: exactly one adapter may claim a response;
-two claims yield no record (and a rate-limited warning) rather than a guess.
+two claims yield no record (outcome ``ambiguous``) rather than a guess.
 
-An adapter that raises — from ``can_adapt``, ``adapt`` or at load time — is isolated:
-it counts as not claiming for that call, the others still run, and it is logged once at
-warning level (later failures at debug, rate-limited).
+An adapter that raises anything but :class:`InvalidPayload` — from ``can_adapt``,
+``adapt`` or at load time — is isolated: it counts as not claiming for that call, the
+others still run, and it is logged once at warning level (later failures at debug,
+rate-limited).
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 from spec_decode_otel._logging import logger, rate_limited
 from spec_decode_otel.adapters.llamacpp import LlamaCppAdapter
-from spec_decode_otel.adapters.protocol import SpecDecodeAdapter
+from spec_decode_otel.adapters.protocol import InvalidPayload, SpecDecodeAdapter
 from spec_decode_otel.adapters.sglang import SglangAdapter
 from spec_decode_otel.adapters.trtllm import TensorRtLlmAdapter
 from spec_decode_otel.adapters.vllm import VllmAdapter
-from spec_decode_otel.capture import ParsedResponse
+from spec_decode_otel.capture import ParsedResponse, is_multi_sequence
+from spec_decode_otel.outcome import Outcome
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 
 ENTRY_POINT_GROUP = "spec_decode_otel.adapters"
@@ -39,6 +42,17 @@ BUILTIN_ADAPTERS: tuple[type[SpecDecodeAdapter], ...] = (
 _lock = threading.Lock()
 _adapters: tuple[type[SpecDecodeAdapter], ...] | None = None
 _failed_once: set[str] = set()
+_failed_lock = threading.Lock()  # not _lock: plug-ins fail while _lock loads them
+
+
+@dataclass(frozen=True)
+class Detection:
+    """What detection found for one request: the record (or None), and why."""
+
+    record: SpecDecodeAcceptanceRecord | None
+    outcome: Outcome
+    #: For ``invalid``: the first rule the payload broke; for ``ambiguous``: who claimed.
+    reason: str | None = None
 
 
 def _adapter_name(adapter: object) -> str:
@@ -47,8 +61,10 @@ def _adapter_name(adapter: object) -> str:
 
 def _report_failure(adapter: object, where: str) -> None:
     name = _adapter_name(adapter)
-    if name not in _failed_once:
+    with _failed_lock:
+        first = name not in _failed_once
         _failed_once.add(name)
+    if first:
         logger.warning("spec-decode adapter %s raised in %s; isolated", name, where, exc_info=True)
     else:
         rate_limited.log(logging.DEBUG, f"adapter-fail:{name}", "adapter %s raised again", name)
@@ -81,13 +97,10 @@ def _load_plugins() -> list[type[SpecDecodeAdapter]]:
 def registered_adapters() -> tuple[type[SpecDecodeAdapter], ...]:
     """The adapters detection runs, in order (plug-ins are discovered once, lazily)."""
     global _adapters
-    adapters = _adapters
-    if adapters is None:
-        with _lock:
-            if _adapters is None:
-                _adapters = BUILTIN_ADAPTERS + tuple(_load_plugins())
-            adapters = _adapters
-    return adapters
+    with _lock:
+        if _adapters is None:
+            _adapters = BUILTIN_ADAPTERS + tuple(_load_plugins())
+        return _adapters
 
 
 def reload_adapters() -> tuple[type[SpecDecodeAdapter], ...]:
@@ -95,43 +108,51 @@ def reload_adapters() -> tuple[type[SpecDecodeAdapter], ...]:
     global _adapters
     with _lock:
         _adapters = None
+    with _failed_lock:
         _failed_once.clear()
     return registered_adapters()
 
 
-def detect(responses: Sequence[ParsedResponse]) -> SpecDecodeAcceptanceRecord | None:
-    """The record for one request's responses, or None. Never raises."""
+def detect_outcome(responses: Sequence[ParsedResponse]) -> Detection:
+    """The record for one request's responses and the outcome. Never raises."""
     if not responses:
-        return None
-    claimant = None
+        return Detection(None, Outcome.NO_STATS)
+    if is_multi_sequence(responses):
+        return Detection(None, Outcome.MULTI_SEQUENCE)
+    claimants = []
     for adapter in registered_adapters():
         try:
-            claims = adapter.can_adapt(responses)
+            if adapter.can_adapt(responses):
+                claimants.append(adapter)
         except Exception:
             _report_failure(adapter, "can_adapt")
-            continue
-        if not claims:
-            continue
-        if claimant is not None:
-            rate_limited.log(
-                logging.WARNING,
-                f"ambiguous:{_adapter_name(claimant)}:{_adapter_name(adapter)}",
-                "spec-decode adapters %s and %s both claim one response; no record",
-                _adapter_name(claimant),
-                _adapter_name(adapter),
-            )
-            return None
-        claimant = adapter
-    if claimant is None:
-        return None
+    if not claimants:
+        return Detection(None, Outcome.NO_STATS)
+    if len(claimants) > 1:
+        names = " and ".join(_adapter_name(a) for a in claimants[:2])
+        rate_limited.log(
+            logging.WARNING,
+            f"ambiguous:{names}",
+            "spec-decode adapters %s both claim one response; no record",
+            names,
+        )
+        return Detection(None, Outcome.AMBIGUOUS, names)
+    claimant = claimants[0]
     try:
         record = claimant.adapt(responses)
+    except InvalidPayload as exc:
+        rate_limited.log(logging.DEBUG, "invalid", "spec-decode payload rejected: %s", exc)
+        return Detection(None, Outcome.INVALID, str(exc))
     except Exception:
         _report_failure(claimant, "adapt")
-        return None
-    if record is not None and not isinstance(record, SpecDecodeAcceptanceRecord):
-        rate_limited.log(
-            logging.DEBUG, "bad-return", "adapter %s returned a non-record", _adapter_name(claimant)
-        )
-        return None
-    return record
+        return Detection(None, Outcome.INVALID, f"{_adapter_name(claimant)} raised")
+    if not isinstance(record, SpecDecodeAcceptanceRecord):
+        reason = f"{getattr(claimant, 'engine', _adapter_name(claimant))} payload is malformed"
+        rate_limited.log(logging.DEBUG, "invalid", "spec-decode payload rejected: %s", reason)
+        return Detection(None, Outcome.INVALID, reason)
+    return Detection(record, Outcome.PARTIAL if record.is_partial else Outcome.RECORDED)
+
+
+def detect(responses: Sequence[ParsedResponse]) -> SpecDecodeAcceptanceRecord | None:
+    """The record for one request's responses, or None. Never raises."""
+    return detect_outcome(responses).record

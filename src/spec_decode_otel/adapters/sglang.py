@@ -22,7 +22,8 @@ from spec_decode_otel.adapters._fields import (
     is_present,
     stats_choice_indices,
 )
-from spec_decode_otel.capture import ParsedResponse, is_multi_sequence
+from spec_decode_otel.adapters.protocol import InvalidPayload
+from spec_decode_otel.capture import ParsedResponse
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 
 _STEPS = ("spec_verify_ct",)
@@ -47,18 +48,14 @@ class SglangAdapter:
     """Maps SGLang's spec-token details, whichever of its two locations carries them."""
 
     engine: ClassVar[str] = "sglang"
+    #: SGLang sends its stats only when the request asks for them.
+    request_fields: ClassVar[Mapping[str, Any]] = {"return_spec_tokens_details": True}
 
     @classmethod
     def can_adapt(cls, responses: Sequence[ParsedResponse]) -> bool:
-        # Runs on every instrumented call, mostly on other engines' responses, where
-        # both keys are absent: those cost one dict lookup each.
         for response in responses:
             sglext = response.root.get("sglext")
-            if (
-                sglext is not None
-                and isinstance(sglext, Mapping)
-                and "spec_tokens_details" in sglext
-            ):
+            if isinstance(sglext, Mapping) and is_present(sglext.get("spec_tokens_details")):
                 return True
             for choice in response.choices:
                 if choice.get("meta_info") is not None and _meta_has_spec(choice):
@@ -67,11 +64,13 @@ class SglangAdapter:
 
     @classmethod
     def adapt(cls, responses: Sequence[ParsedResponse]) -> SpecDecodeAcceptanceRecord | None:
-        if is_multi_sequence(responses) or len(stats_choice_indices(responses, "meta_info")) > 1:
+        if len(stats_choice_indices(responses, "meta_info")) > 1:
             return None
         details = cls._last_details(responses)
         if details is None:
             return None
+        if not isinstance(details, Mapping):
+            raise InvalidPayload("sglang payload: spec_tokens_details is not an object")
         steps = exact_int(first_present(details, *_STEPS))
         accepted = exact_int(first_present(details, *_ACCEPTED))
         drafted = exact_int(first_present(details, *_DRAFTED))

@@ -22,10 +22,11 @@ from spec_decode_otel.adapters._fields import (
     derived_rate,
     exact_int,
     finite_number,
+    is_present,
     last_choice_field,
     stats_choice_indices,
 )
-from spec_decode_otel.capture import ParsedResponse, is_multi_sequence
+from spec_decode_otel.capture import ParsedResponse
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 
 _STATS = "speculative_decoding"
@@ -39,15 +40,15 @@ class TensorRtLlmAdapter:
 
     @classmethod
     def can_adapt(cls, responses: Sequence[ParsedResponse]) -> bool:
-        for response in responses:  # one pass for both keys: runs on every call
-            for choice in response.choices:
-                if _STATS in choice or _AVERAGE in choice:
-                    return True
-        return False
+        return any(
+            is_present(choice.get(_STATS)) or is_present(choice.get(_AVERAGE))
+            for response in responses
+            for choice in response.choices
+        )
 
     @classmethod
     def adapt(cls, responses: Sequence[ParsedResponse]) -> SpecDecodeAcceptanceRecord | None:
-        if is_multi_sequence(responses) or len(stats_choice_indices(responses, _STATS)) > 1:
+        if len(stats_choice_indices(responses, _STATS)) > 1:
             return None
         stats = last_choice_field(responses, _STATS)
         if stats is not None:
@@ -58,7 +59,9 @@ class TensorRtLlmAdapter:
         return build_record(cls.engine, responses, mean_acceptance_length=average)
 
     @classmethod
-    def _full(cls, stats: object, responses: Sequence[ParsedResponse]):
+    def _full(
+        cls, stats: object, responses: Sequence[ParsedResponse]
+    ) -> SpecDecodeAcceptanceRecord | None:
         if not isinstance(stats, dict):
             return None
         raw_hist = stats.get("acceptance_histogram")

@@ -14,21 +14,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from spec_decode_otel._logging import logger, rate_limited
 from spec_decode_otel.adapters._fields import (
     build_record,
-    choice_has,
     dense_histogram,
     derived_mean_acceptance_length,
     derived_rate,
     exact_int,
     finite_number,
-    int_array,
     is_present,
+    per_step_arrays,
     stats_choice_indices,
 )
-from spec_decode_otel.capture import ParsedResponse, is_multi_sequence
-from spec_decode_otel.record import MAX_ARRAY_LENGTH, SpecDecodeAcceptanceRecord
+from spec_decode_otel.adapters.protocol import InvalidPayload
+from spec_decode_otel.capture import ParsedResponse
+from spec_decode_otel.record import MAX_SPEC_TOKENS, SpecDecodeAcceptanceRecord
 
 _MERGED = "speculative_decoding"
 _PREMERGE = "speculative_decoding_stats"
@@ -41,47 +40,39 @@ class VllmAdapter:
 
     @classmethod
     def can_adapt(cls, responses: Sequence[ParsedResponse]) -> bool:
-        for response in responses:
-            metrics = response.root.get("metrics")
-            if metrics is None:  # every other engine's response: skip the ABC check
-                continue
-            if (type(metrics) is dict or isinstance(metrics, Mapping)) and _MERGED in metrics:
-                return True
-        return choice_has(responses, _PREMERGE)
+        # A null or empty stats object is vLLM saying "none here" (stats off, or n > 1).
+        return cls._last_stats(responses)[0] is not None
 
     @classmethod
     def adapt(cls, responses: Sequence[ParsedResponse]) -> SpecDecodeAcceptanceRecord | None:
-        # Runs once per instrumented call: each stats key is read once.
-        if is_multi_sequence(responses) or len(stats_choice_indices(responses, _PREMERGE)) > 1:
+        if len(stats_choice_indices(responses, _PREMERGE)) > 1:
             return None
         stats, dense = cls._last_stats(responses)
-        if stats is None:
-            return None
+        if not isinstance(stats, Mapping):
+            raise InvalidPayload("vllm payload: stats are not an object")
         get = stats.get
         raw_k = get("num_spec_tokens")
         k = exact_int(raw_k)
-        if k is None and raw_k is not None:
-            return None  # present but not a count: malformed, not "variable k"
+        if raw_k is not None and (k is None or k > MAX_SPEC_TOKENS):
+            raise InvalidPayload("vllm payload: num_spec_tokens is not a count within bounds")
         raw_hist = get("acceptance_histogram")
         if dense:
             hist = dense_histogram(raw_hist)
             if hist is None or k is None or len(raw_hist) != k + 1:
-                logger.debug("vLLM histogram is not a dense list of k+1 ints")
-                return None
+                raise InvalidPayload("vllm payload: histogram is not a dense list of k+1 ints")
             by_length = get("acceptance_histogram_by_draft_length")
             if by_length is not None and not _by_draft_length_agrees(by_length, raw_hist):
-                return None
+                raise InvalidPayload("vllm payload: histogram by draft length disagrees")
         else:
             hist = _sparse_string_keyed(raw_hist)
             if hist is None:
-                return None
+                raise InvalidPayload("vllm payload: histogram is not a sparse map of counts")
 
         steps = exact_int(get("num_spec_steps"))
         accepted = exact_int(get("num_accepted_draft_tokens"))
         drafted = exact_int(get("num_draft_tokens"))
         if steps is None or accepted is None or drafted is None:
-            logger.debug("vLLM stats lack exact integer counts")
-            return None
+            raise InvalidPayload("vllm payload: counts are not exact non-negative integers")
         # The engine's float when sent (the record checks it against the counts).
         if "mean_acceptance_length" in stats:
             mal = finite_number(stats["mean_acceptance_length"])
@@ -92,14 +83,9 @@ class VllmAdapter:
         else:
             rate = derived_rate(accepted, drafted)
         if mal is None or rate is None:
-            return None
-        per_acc, per_drf = get("per_step_accepted"), get("per_step_drafted")
-        if (per_acc is not None and int_array(per_acc) is None) or (
-            per_drf is not None and int_array(per_drf) is None
-        ):
-            logger.debug("vLLM per-step arrays are not lists under the size cap")
-            return None
-        record = build_record(
+            raise InvalidPayload("vllm payload: mean or rate is not a finite number")
+        per_acc, per_drf = per_step_arrays(get("per_step_accepted"), get("per_step_drafted"))
+        return build_record(
             cls.engine,
             responses,
             mean_acceptance_length=mal,
@@ -112,33 +98,27 @@ class VllmAdapter:
             per_step_accepted=per_acc,
             per_step_drafted=per_drf,
         )
-        if record is not None:
-            _check_usage_identity(record)
-        return record
 
     @staticmethod
     def _last_stats(responses: Sequence[ParsedResponse]) -> tuple[Mapping[str, Any] | None, bool]:
         """The last present stats object, and whether it is the merged (dense) shape."""
         for response in reversed(responses):
             metrics = response.root.get("metrics")
-            if metrics is not None and (type(metrics) is dict or isinstance(metrics, Mapping)):
-                merged = metrics.get(_MERGED)
-                if merged is not None and is_present(merged):
-                    return merged, True
+            if isinstance(metrics, Mapping) and is_present(metrics.get(_MERGED)):
+                return metrics[_MERGED], True
             for choice in reversed(response.choices):
-                stats = choice.get(_PREMERGE)
-                if stats is not None and is_present(stats):
-                    return stats, False
+                if is_present(choice.get(_PREMERGE)):
+                    return choice[_PREMERGE], False
         return None, False
 
 
 def _sparse_string_keyed(value: Any) -> dict[int, int] | None:
     """The pre-merge histogram: a JSON object with digit-string keys and int counts."""
-    if not isinstance(value, Mapping) or len(value) > MAX_ARRAY_LENGTH:
+    if not isinstance(value, Mapping) or len(value) > MAX_SPEC_TOKENS + 1:
         return None
     sparse: dict[int, int] = {}
     for key, count in value.items():
-        if type(key) is not str or not (key.isascii() and key.isdigit()):
+        if type(key) is not str or not (key.isascii() and key.isdigit() and len(key) <= 6):
             return None
         if type(count) is not int or count < 0:
             return None
@@ -154,11 +134,10 @@ def _by_draft_length_agrees(by_length: Any, flat: list[int]) -> bool:
     d bucket by bucket they are the flat histogram.
     """
     if not isinstance(by_length, Mapping) or len(by_length) > len(flat) + 1:
-        logger.debug("vLLM acceptance_histogram_by_draft_length is malformed")
         return False
     total = [0] * len(flat)
     for key, hist in by_length.items():
-        if type(key) is not str or not (key.isascii() and key.isdigit()):
+        if type(key) is not str or not (key.isascii() and key.isdigit() and len(key) <= 6):
             return False
         draft_len = int(key)
         if type(hist) is not list or len(hist) != draft_len + 1 or draft_len + 1 > len(flat):
@@ -167,28 +146,4 @@ def _by_draft_length_agrees(by_length: Any, flat: list[int]) -> bool:
             if type(count) is not int or count < 0:
                 return False
             total[j] += count
-    if total != flat:
-        logger.debug("vLLM histogram by draft length disagrees with the flat histogram")
-        return False
-    return True
-
-
-def _check_usage_identity(record: SpecDecodeAcceptanceRecord) -> None:
-    """steps + accepted == completion_tokens, give or take the prefill token.
-
-    A warning-level signal, not a rejection: prefill-only tokens and truncation can
-    legitimately move it, but a large gap usually means a proxy rewrote usage.
-    """
-    if record.completion_tokens is None or record.num_spec_steps is None:
-        return
-    produced = record.num_spec_steps + (record.num_accepted_draft_tokens or 0)
-    if abs(record.completion_tokens - produced) > 1:
-        rate_limited.log(
-            30,
-            "vllm-usage-identity",
-            "vLLM spec-decode counts (%d steps + %d accepted) disagree with usage "
-            "completion_tokens (%d)",
-            record.num_spec_steps,
-            record.num_accepted_draft_tokens or 0,
-            record.completion_tokens,
-        )
+    return total == flat

@@ -11,6 +11,10 @@ each engine's identities, and faults can be switched on per request.
 FastAPI and uvicorn come with the ``simulator`` extra.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 from spec_decode_otel.simulator.acceptance import (
     AcceptanceProfile,
     Generation,
@@ -18,10 +22,23 @@ from spec_decode_otel.simulator.acceptance import (
     generate,
     sample_step,
 )
-from spec_decode_otel.simulator.app import create_app
 from spec_decode_otel.simulator.config import ENGINES, LEVELS, SimulatorConfig
 from spec_decode_otel.simulator.faults import FAULTS
-from spec_decode_otel.simulator.server import SimulatorServer
+
+
+def __getattr__(name: str) -> Any:
+    # The server parts need FastAPI and uvicorn (the extra): loaded on first use, so the
+    # CLI can list the simulator's flags and say how to install it without them.
+    if name == "create_app":
+        from spec_decode_otel.simulator.app import create_app
+
+        return create_app
+    if name == "SimulatorServer":
+        from spec_decode_otel.simulator.server import SimulatorServer
+
+        return SimulatorServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ENGINES",

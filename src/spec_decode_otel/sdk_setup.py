@@ -1,4 +1,4 @@
-"""``setup()``: one call from nothing to exported spans and metrics.
+"""``setup()``: one call from nothing to exported spans and metrics (the ``otlp`` extra).
 
 Builds a TracerProvider and a MeterProvider from the standard ``OTEL_*`` variables
 (service name and resource attributes, ``OTEL_EXPORTER_OTLP_ENDPOINT``/``_PROTOCOL``,
@@ -16,18 +16,25 @@ import contextlib
 import os
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanProcessor
 
-from spec_decode_otel.instrumentation import instrument
+from spec_decode_otel.instrumentation import SpecDecodeInstrumentor
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+_MISSING_EXTRA = (
+    "spec_decode_otel.setup() needs the OpenTelemetry SDK and OTLP exporters: "
+    "pip install 'spec-decode-otel[otlp]' (or configure your own SDK and call "
+    "SpecDecodeInstrumentor().instrument())"
+)
 
 #: How long exit may wait for a final flush (seconds): bounded so a dead collector
 #: cannot hold the process, long enough for one export round trip. Both providers are
@@ -44,7 +51,7 @@ def _flush_and_stop(provider: Any) -> None:
 
 
 @dataclass
-class Telemetries:
+class Providers:
     """What :func:`setup` built, for tests and for flushing by hand."""
 
     tracer_provider: TracerProvider
@@ -98,7 +105,7 @@ def _endpoint_configured(signal: str) -> bool:
     )
 
 
-def _span_exporter() -> Any:
+def _span_exporter() -> Any:  # imported on use: gRPC is heavy
     if _protocol("TRACES") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     else:
@@ -114,6 +121,10 @@ def _metric_exporter() -> Any:
     return OTLPMetricExporter()
 
 
+_lock = threading.Lock()
+_built: Providers | None = None
+
+
 def setup(
     service_name: str | None = None,
     *,
@@ -121,38 +132,61 @@ def setup(
     metric_readers: Sequence[MetricReader] = (),
     set_global: bool = True,
     **instrument_options: Any,
-) -> Telemetries:
+) -> Providers:
     """Build providers from ``OTEL_*`` variables, optionally install them, instrument.
 
     ``service_name`` is used when ``OTEL_SERVICE_NAME`` is unset. Extra processors and
     readers (e.g. in-memory ones for tests or a terminal summary) are added beside the
-    OTLP exporters. Remaining keywords go to :func:`spec_decode_otel.instrument`.
+    OTLP exporters. Remaining keywords go to ``SpecDecodeInstrumentor().instrument()``.
+    A second call warns and returns what the first built.
     """
-    attributes = {}
-    if service_name and not os.environ.get("OTEL_SERVICE_NAME"):
-        attributes[SERVICE_NAME] = service_name
-    resource = Resource.create(attributes)
+    global _built
+    try:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as exc:
+        raise ImportError(_MISSING_EXTRA) from exc
 
-    exporting = False
-    # Our atexit handler (bounded) stops them: the SDK's own would wait without a bound.
-    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    for processor in span_processors:
-        tracer_provider.add_span_processor(processor)
-    readers = list(metric_readers)
-    if _endpoint_configured("TRACES"):
-        tracer_provider.add_span_processor(BatchSpanProcessor(_span_exporter()))
-        exporting = True
-    if _endpoint_configured("METRICS"):
-        readers.append(PeriodicExportingMetricReader(_metric_exporter()))
-        exporting = True
-    meter_provider = MeterProvider(
-        resource=resource, metric_readers=readers, shutdown_on_exit=False
-    )
+    with _lock:
+        if _built is not None and not _built._stopped:
+            warnings.warn(
+                "spec_decode_otel.setup() was already called; returning the providers it "
+                "built (its settings stay)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return _built
+        attributes = {}
+        if service_name and not os.environ.get("OTEL_SERVICE_NAME"):
+            attributes[SERVICE_NAME] = service_name
+        resource = Resource.create(attributes)
 
-    if set_global:
-        trace.set_tracer_provider(tracer_provider)
-        metrics.set_meter_provider(meter_provider)
-    built = Telemetries(tracer_provider, meter_provider, exporting)
-    atexit.register(built.shutdown)
-    instrument(tracer_provider=tracer_provider, meter_provider=meter_provider, **instrument_options)
-    return built
+        exporting = False
+        # Our atexit handler (bounded) stops them: the SDK's own would wait without a bound.
+        tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        for processor in span_processors:
+            tracer_provider.add_span_processor(processor)
+        readers = list(metric_readers)
+        if _endpoint_configured("TRACES"):
+            tracer_provider.add_span_processor(BatchSpanProcessor(_span_exporter()))
+            exporting = True
+        if _endpoint_configured("METRICS"):
+            readers.append(PeriodicExportingMetricReader(_metric_exporter()))
+            exporting = True
+        meter_provider = MeterProvider(
+            resource=resource, metric_readers=readers, shutdown_on_exit=False
+        )
+
+        if set_global:
+            trace.set_tracer_provider(tracer_provider)
+            metrics.set_meter_provider(meter_provider)
+        built = Providers(tracer_provider, meter_provider, exporting)
+        atexit.register(built.shutdown)
+        SpecDecodeInstrumentor().instrument(
+            tracer_provider=tracer_provider, meter_provider=meter_provider, **instrument_options
+        )
+        _built = built
+        return built

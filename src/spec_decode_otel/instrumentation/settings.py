@@ -7,16 +7,11 @@ because some OpenAI-compatible servers reject fields they do not know.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 Mode = Literal["auto", "span", "enrich"]
 _MODES = ("auto", "span", "enrich")
-#: Engine names accepted by ``request_engine_stats``: the request field each one needs.
-ENGINE_REQUEST_FIELDS: Mapping[str, Mapping[str, Any]] = {
-    "sglang": {"return_spec_tokens_details": True},
-}
 
 ENV_PREFIX = "SPEC_DECODE_OTEL_"
 
@@ -57,17 +52,15 @@ class Settings:
     record_per_step: bool = False
     #: Longest per-step array recorded as a span attribute.
     per_step_max_length: int = 1024
-    #: Engines whose stats need a request field (``sglang``): merged into the body,
-    #: never overwriting a value the user set.
+    #: Engines whose stats need a request field (``sglang``): the fields their adapter
+    #: declares are merged into the body, never overwriting a value the user set.
     request_engine_stats: tuple[str, ...] = ()
     #: User attribute keys (from ``spec_decode_otel.attributes``) also put on metrics.
     metric_attributes: tuple[str, ...] = ()
     #: Also record the GenAI semconv client metrics (duration, token usage, time to
-    #: first chunk). Off by default: they are not spec-decode data, a GenAI
-    #: instrumentation (openai-v2) records them already, and each is one more
-    #: synchronous histogram record per call (~15 µs of client CPU each, measured).
+    #: first chunk). Off by default: they are not spec-decode data, and a GenAI
+    #: instrumentation (openai-v2) records them already.
     genai_metrics: bool = False
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -83,7 +76,7 @@ class Settings:
             "metric_attributes": _env_list("METRIC_ATTRIBUTES"),
             "genai_metrics": _env_bool("GENAI_METRICS", False),
         }
-        known = {f.name for f in fields(cls)} - {"extra"}
+        known = {f.name for f in fields(cls)}
         unknown = set(overrides) - known
         if unknown:
             raise TypeError(f"unknown spec_decode_otel option(s): {', '.join(sorted(unknown))}")
@@ -93,4 +86,19 @@ class Settings:
             env[name] = (value,) if isinstance(value, str) else tuple(value)
         if env["mode"] not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}")
+        _check_engines(env["request_engine_stats"])
         return cls(**env)
+
+
+def _check_engines(names: tuple[str, ...]) -> None:
+    """An engine name nobody knows is a configuration error, like an unknown keyword:
+    silently sending nothing would leave the user with an empty dashboard."""
+    from spec_decode_otel.adapters.registry import registered_adapters
+
+    known = {adapter.engine for adapter in registered_adapters()}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ValueError(
+            f"request_engine_stats: unknown engine(s) {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(known))}"
+        )

@@ -1,6 +1,7 @@
 """Records from saved payloads, without any client: JSON bodies, chunk lists, SSE text.
 
-Used by ``spec-decode-otel parse`` and by anyone replaying logs or captures. A response
+Used by ``spec-decode-otel parse`` and by anyone replaying logs or captures (core only:
+no SDK, no server, no extra needed). A response
 body gives one record; a list of stream chunks gives one record for the whole stream.
 """
 

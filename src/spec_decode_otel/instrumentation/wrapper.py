@@ -1,0 +1,294 @@
+"""The wrapper around the ``openai`` client's request path.
+
+Why the request path and not each resource method: ``chat.completions.parse()`` and the
+``chat.completions.stream()`` helper never call ``create``, and ``with_raw_response`` /
+``with_streaming_response`` return response wrappers from it. Every one of them goes
+through ``SyncAPIClient.request`` / ``AsyncAPIClient.request`` exactly once per call
+(retries included), with the endpoint path and the JSON body in ``options``. Wrapping
+there captures all variants with two wrappers, gives one span per logical call across
+retries, and lets every other endpoint pass straight through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from spec_decode_otel._attributes import current_attributes
+from spec_decode_otel._logging import report_internal_error
+from spec_decode_otel.adapters.protocol import request_fields
+from spec_decode_otel.adapters.registry import registered_adapters
+from spec_decode_otel.instrumentation.call import Call, CallPlan
+from spec_decode_otel.instrumentation.coexistence import is_foreign_genai_span
+from spec_decode_otel.instrumentation.genai_metrics import GenAiMetrics
+from spec_decode_otel.instrumentation.responses import wrap_result
+from spec_decode_otel.instrumentation.settings import Settings
+from spec_decode_otel.telemetry import (
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_PROVIDER_NAME,
+    GEN_AI_REQUEST_MODEL,
+    SD_OUTCOME,
+    SERVER_ADDRESS,
+    SERVER_PORT,
+    SpecDecodeInstruments,
+)
+
+#: Endpoint path → GenAI operation name. Everything else passes through untouched.
+OPERATIONS: Mapping[str, str] = {
+    "/chat/completions": "chat",
+    "/completions": "text_completion",
+}
+PROVIDER = "openai"
+_TRACE_CONTEXT = TraceContextTextMapPropagator()
+
+#: Spans that an earlier call already enriched with ``spec_decode.*``: a second call under
+#: the same span gets a child span of its own instead of overwriting the first's figures.
+_enriched: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+class Instrumentation:
+    """Settings + instruments shared by every wrapped call; the wrappers' ``self``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        instruments: SpecDecodeInstruments,
+        tracer: trace.Tracer,
+        genai_metrics: GenAiMetrics | None,
+    ) -> None:
+        self.settings = settings
+        self.instruments = instruments
+        self.tracer = tracer
+        self.genai_metrics = genai_metrics
+        self._request_fields: dict[str, Any] = {}
+        for adapter in registered_adapters():
+            if adapter.engine in settings.request_engine_stats:
+                self._request_fields.update(request_fields(adapter))
+
+    # -- request start ---------------------------------------------------------
+
+    def start(self, client: Any, options: Any) -> tuple[Call, Any, bool] | None:
+        """A Call for ``options`` if the endpoint is ours, the options to send (amended
+        on a copy), and whether we injected ``include_usage``. None for other endpoints.
+        Never raises."""
+        try:
+            if str(options.method).lower() != "post":
+                return None
+            operation = OPERATIONS.get(options.url)
+            body = options.json_data
+            if operation is None or not isinstance(body, Mapping):
+                return None
+            return self._start(client, options, operation, body)
+        except Exception:
+            report_internal_error("start")
+            return None
+
+    def _start(
+        self, client: Any, options: Any, operation: str, body: Mapping[str, Any]
+    ) -> tuple[Call, Any, bool]:
+        settings = self.settings
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        streaming = body.get("stream") is True
+        options, injected_usage = self._amend(options, body, streaming)
+        host, port = _server(client)
+        user = current_attributes()
+
+        span_attrs: dict[str, Any] = {
+            GEN_AI_OPERATION_NAME: operation,
+            GEN_AI_PROVIDER_NAME: PROVIDER,
+        }
+        metric_attrs = dict(span_attrs)
+        bound = self.instruments.bound
+        for key, value in ((GEN_AI_REQUEST_MODEL, model), (SERVER_ADDRESS, host)):
+            if value is not None:
+                span_attrs[key] = value
+                metric_attrs[key] = bound(key, value)
+        if port is not None:
+            span_attrs[SERVER_PORT] = port
+            metric_attrs[SERVER_PORT] = port
+        for key in settings.metric_attributes:
+            if key in user:
+                metric_attrs[key] = bound(key, user[key])
+
+        current = trace.get_current_span()
+        foreign = is_foreign_genai_span(current)
+        enrich = (
+            current.is_recording()
+            and not _already_enriched(current)
+            and (settings.mode == "enrich" or (settings.mode == "auto" and foreign))
+        )
+        if enrich:
+            span = current
+            _mark_enriched(span)
+            if user:
+                span.set_attributes(user)
+        else:
+            span = self.tracer.start_span(
+                f"{operation} {model}" if model else operation,
+                kind=SpanKind.CLIENT,
+                attributes={**span_attrs, **user},
+            )
+        context = trace.set_span_in_context(span)
+        stream_options = body.get("stream_options")
+        asked_usage = isinstance(stream_options, Mapping) and stream_options.get("include_usage")
+        plan = CallPlan(
+            instruments=self.instruments,
+            span=span,
+            own_span=not enrich,
+            metric_attributes=metric_attrs,
+            genai_metrics=None if enrich and foreign else self.genai_metrics,
+            per_step_max_length=settings.per_step_max_length if settings.record_per_step else None,
+            requested_sequences=_requested_sequences(body),
+            server=f"{host}:{port}",
+            streaming=streaming,
+            include_usage=injected_usage or asked_usage is True,
+            context=context,
+        )
+        if settings.inject_traceparent:
+            options = _inject_trace_context(options, span)
+        return Call(plan), options, injected_usage
+
+    def _amend(self, options: Any, body: Mapping[str, Any], streaming: bool) -> tuple[Any, bool]:
+        """Opt-in request changes, on a copy: the user's own objects are never mutated."""
+        additions = {k: v for k, v in self._request_fields.items() if k not in body}
+        injected_usage = False
+        if streaming and self.settings.inject_include_usage:
+            stream_options = body.get("stream_options")
+            if stream_options is None or (
+                isinstance(stream_options, Mapping) and "include_usage" not in stream_options
+            ):
+                additions["stream_options"] = {**(stream_options or {}), "include_usage": True}
+                injected_usage = True
+        if not additions:
+            return options, False
+        options = options.model_copy()
+        options.json_data = {**body, **additions}
+        return options, injected_usage
+
+    # -- the wrappers ------------------------------------------------------------
+
+    def sync_request(
+        self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: Any
+    ) -> Any:
+        started = self._begin(instance, args, kwargs)
+        if started is None:
+            return wrapped(*args, **kwargs)
+        call, args, kwargs, hide_usage = started
+        token = _attach(call.plan)
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as exc:
+            call.finish_error(exc)
+            raise
+        finally:
+            _detach(token)
+        return wrap_result(call, result, hide_usage)
+
+    async def async_request(
+        self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: Any
+    ) -> Any:
+        started = self._begin(instance, args, kwargs)
+        if started is None:
+            return await wrapped(*args, **kwargs)
+        call, args, kwargs, hide_usage = started
+        token = _attach(call.plan)
+        try:
+            result = await wrapped(*args, **kwargs)
+        except BaseException as exc:
+            call.finish_error(exc)
+            raise
+        finally:
+            _detach(token)
+        return wrap_result(call, result, hide_usage)
+
+    def _begin(
+        self, client: Any, args: tuple[Any, ...], kwargs: Any
+    ) -> tuple[Call, tuple[Any, ...], Any, bool] | None:
+        """Start a call from ``request(cast_to, options, ...)``'s arguments."""
+        options = args[1] if len(args) > 1 else kwargs.get("options")
+        started = self.start(client, options) if options is not None else None
+        if started is None:
+            return None
+        call, new_options, injected_usage = started
+        if len(args) > 1:
+            args = (args[0], new_options, *args[2:])
+        else:
+            kwargs = {**kwargs, "options": new_options}
+        return call, args, kwargs, injected_usage
+
+
+def _requested_sequences(body: Mapping[str, Any]) -> int:
+    """``n``, times the prompts of a completion with several (each gets ``n``)."""
+    n = body.get("n")
+    sequences = n if type(n) is int and n > 1 else 1
+    prompt = body.get("prompt")
+    if type(prompt) is list and len(prompt) > 1 and type(prompt[0]) is not int:
+        sequences *= len(prompt)  # several prompts (strings or token lists)
+    return sequences
+
+
+def _server(client: Any) -> tuple[str | None, int | None]:
+    base_url = client.base_url
+    port = base_url.port
+    if port is None:
+        port = {"https": 443, "http": 80}.get(base_url.scheme)
+    return base_url.host or None, port
+
+
+def _already_enriched(span: Span) -> bool:
+    attributes = getattr(span, "attributes", None) or {}
+    try:
+        return span in _enriched or SD_OUTCOME in attributes
+    except TypeError:  # a span type that cannot be weakly referenced
+        return SD_OUTCOME in attributes
+
+
+def _mark_enriched(span: Span) -> None:
+    with contextlib.suppress(TypeError):  # not weakly referenceable: the attribute tells
+        _enriched.add(span)
+
+
+def _inject_trace_context(options: Any, span: Span) -> Any:
+    """Add ``traceparent`` (and ``tracestate``) for ``span``, on a copy of the options.
+
+    The W3C trace context only — never baggage or any other globally configured
+    propagator, which could carry the application's private data to the server. The
+    user's own headers win: if they set ``traceparent`` in any case, nothing is added.
+    """
+    headers = options.headers if isinstance(options.headers, Mapping) else {}
+    if any(str(name).lower() in ("traceparent", "tracestate") for name in headers):
+        return options
+    carrier: dict[str, str] = {}
+    _TRACE_CONTEXT.inject(carrier, context=trace.set_span_in_context(span))
+    if not carrier:
+        return options
+    options = options.model_copy()
+    options.headers = {**headers, **carrier}
+    return options
+
+
+def _attach(plan: CallPlan) -> object | None:
+    """Make our span current while the SDK sends the request (not when enriching: the
+    enriched span is current already)."""
+    if not plan.own_span:
+        return None
+    try:
+        return otel_context.attach(plan.context)
+    except Exception:
+        report_internal_error("attach")
+        return None
+
+
+def _detach(token: object | None) -> None:
+    if token is not None:
+        try:
+            otel_context.detach(token)  # type: ignore[arg-type]
+        except Exception:
+            report_internal_error("detach")

@@ -19,10 +19,13 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from spec_decode_otel import telemetry as names
 from spec_decode_otel._attributes import attributes
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 #: The two demo models: an EAGLE-like drafter that accepts well (per-position
 #: conditional acceptance falling with depth) and an n-gram drafter that accepts poorly.
@@ -30,7 +33,9 @@ DEMO_MODELS: dict[str, tuple[float, ...]] = {
     "llama-3.1-8b-eagle3": (0.9, 0.85, 0.75, 0.65),
     "qwen2.5-7b-ngram": (0.5, 0.4, 0.3, 0.2),
 }
-PROMPT = [{"role": "user", "content": "Explain speculative decoding in two sentences."}]
+PROMPT: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Explain speculative decoding in two sentences."}
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +61,7 @@ def _recorded_spans() -> Any:
     we end (made on use: the SDK is the ``otlp`` extra, not the core)."""
     from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
-    class RecordedSpans(SpanProcessor):  # type: ignore[misc]
+    class RecordedSpans(SpanProcessor):
         def __init__(self) -> None:
             self.rows: list[dict[str, Any]] = []
             self._lock = threading.Lock()

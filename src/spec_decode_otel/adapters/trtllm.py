@@ -13,7 +13,7 @@ is partial: ``mean_acceptance_length`` set, every count None. No count is invent
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from spec_decode_otel.adapters._fields import (
     build_record,
@@ -64,7 +64,7 @@ class TensorRtLlmAdapter:
     ) -> SpecDecodeAcceptanceRecord | None:
         if not isinstance(stats, dict):
             return None
-        raw_hist = stats.get("acceptance_histogram")
+        raw_hist: Any = stats.get("acceptance_histogram")
         hist = dense_histogram(raw_hist)
         k_raw = stats.get("num_spec_tokens")
         k = exact_int(k_raw)

@@ -55,7 +55,7 @@ class VllmAdapter:
         k = exact_int(raw_k)
         if raw_k is not None and (k is None or k > MAX_SPEC_TOKENS):
             raise InvalidPayload("vllm payload: num_spec_tokens is not a count within bounds")
-        raw_hist = get("acceptance_histogram")
+        raw_hist: Any = get("acceptance_histogram")
         if dense:
             hist = dense_histogram(raw_hist)
             if hist is None or k is None or len(raw_hist) != k + 1:

@@ -8,6 +8,7 @@ that line), and exits 0 on SIGINT/SIGTERM after a graceful shutdown.
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     url = url_for(args.host, sock.getsockname()[1]) + "/v1"
     original_startup = server.startup
 
-    async def startup(sockets: list | None = None) -> None:
+    async def startup(sockets: list[socket.socket] | None = None) -> None:
         await original_startup(sockets=sockets)
         if server.started:
             print(f"serving {url}", flush=True)

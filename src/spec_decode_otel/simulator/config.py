@@ -58,7 +58,9 @@ class SimulatorConfig(BaseModel):
 
     @field_validator("alpha_vector", "model_alphas")
     @classmethod
-    def _probabilities(cls, value: object) -> object:
+    def _probabilities(
+        cls, value: tuple[float, ...] | dict[str, tuple[float, ...]] | None
+    ) -> tuple[float, ...] | dict[str, tuple[float, ...]] | None:
         vectors = value.values() if isinstance(value, dict) else [value] if value else []
         for vec in vectors:
             if not vec or any(not 0.0 <= a <= 1.0 for a in vec):

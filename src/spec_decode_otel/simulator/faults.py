@@ -85,17 +85,17 @@ def corrupt_stats(stats: dict[str, Any], engine: str, faults: frozenset[str]) ->
                 stats[key].extend([0] * (HUGE - len(stats[key])))
 
 
-def _to_bools(hist: object) -> None:
+def _to_bools(hist: Any) -> None:
     """0/1 counts become false/true (numerically equal, so only a type check sees it);
     when no count is 0 or 1 the first becomes true, which also breaks the sums."""
     items = list(hist.items()) if isinstance(hist, dict) else list(enumerate(hist or []))
     changed = False
     for key, value in items:
         if value in (0, 1) and not isinstance(value, bool):
-            hist[key] = bool(value)  # type: ignore[index]
+            hist[key] = bool(value)
             changed = True
     if not changed and items:
-        hist[items[0][0]] = True  # type: ignore[index]
+        hist[items[0][0]] = True
 
 
 def corrupt_llamacpp(timings: dict[str, Any], faults: frozenset[str]) -> None:

@@ -62,7 +62,7 @@ def wrap_parsed(call: Call, parsed: Any, hide_usage: bool) -> Any:
     return parsed
 
 
-class _RawResponseProxy(wrapt.ObjectProxy):  # type: ignore[misc]
+class _RawResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from wrapt 2
     def __init__(self, wrapped: Any, call: Call, hide_usage: bool) -> None:
         super().__init__(wrapped)
         self._self_call = call

@@ -105,7 +105,7 @@ class StreamObserver:
         )
 
 
-class _HttpResponseProxy(wrapt.ObjectProxy):  # type: ignore[misc]
+class _HttpResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from wrapt 2
     """The stream's ``httpx`` response, whose ``close``/``aclose`` also end the call.
 
     The SDK's ``chat.completions.stream()`` helper (and some user code) closes a stream
@@ -129,7 +129,7 @@ class _HttpResponseProxy(wrapt.ObjectProxy):  # type: ignore[misc]
             self._self_observer.on_stop()
 
 
-class _StreamProxyBase(wrapt.ObjectProxy):  # type: ignore[misc]
+class _StreamProxyBase(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from wrapt 2
     def __init__(self, wrapped: Any, call: Call, hide_usage_chunk: bool = False) -> None:
         super().__init__(wrapped)
         self._self_observer = StreamObserver(call, hide_usage_chunk)

@@ -4,7 +4,7 @@
 #
 # What it installs: the package with its test extras (pip); the OpenTelemetry Collector
 # built from collector-config/builder-manifest.yaml and Jaeger v2 (Go, cached outside the
-# repo); Prometheus (Debian package). Then: ruff, pytest (unit, integration, e2e), and
+# repo); Prometheus (Debian package). Then: ruff, mypy, pytest (unit, integration, e2e), and
 # the overhead benchmark in --quick mode as a smoke run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -38,6 +38,9 @@ export SPEC_DECODE_OTEL_LLAMA_SERVER="$LLAMA_SERVER"
 step "ruff"
 "$PYTHON" -m ruff check .
 "$PYTHON" -m ruff format --check .
+
+step "mypy (strict, src/)"
+"$PYTHON" -m mypy
 
 step "pytest"
 set +e

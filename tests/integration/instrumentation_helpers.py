@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import spec_decode_otel
-from spec_decode_otel.parsing import parse_payloads
+from spec_decode_otel.payloads import parse_payloads
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 from spec_decode_otel.telemetry import SCOPE_NAME
 
@@ -61,16 +61,16 @@ class Otel:
 
     def instrument(self, **options: Any) -> None:
         """(Re-)instrument every openai client with these providers and ``options``."""
-        spec_decode_otel.uninstrument()
-        spec_decode_otel.instrument(
+        spec_decode_otel.SpecDecodeInstrumentor().uninstrument()
+        spec_decode_otel.SpecDecodeInstrumentor().instrument(
             tracer_provider=self.tracer_provider, meter_provider=self.meter_provider, **options
         )
 
     def uninstrument(self) -> None:
-        spec_decode_otel.uninstrument()
+        spec_decode_otel.SpecDecodeInstrumentor().uninstrument()
 
     def close(self) -> None:
-        spec_decode_otel.uninstrument()
+        spec_decode_otel.SpecDecodeInstrumentor().uninstrument()
         self.tracer_provider.shutdown()
         self.meter_provider.shutdown()
 
@@ -236,5 +236,21 @@ def expected_span_attributes(record: SpecDecodeAcceptanceRecord) -> dict[str, An
     return expected
 
 
+#: Attributes about the call rather than the record (tests check them on their own).
+CALL_ATTRIBUTES = ("spec_decode.outcome", "spec_decode.read_to_end")
+
+
 def spec_decode_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in attributes.items() if k.startswith("spec_decode.")}
+    """The record's ``spec_decode.*`` attributes (without the call's outcome)."""
+    return {
+        k: v
+        for k, v in attributes.items()
+        if k.startswith("spec_decode.") and k not in CALL_ATTRIBUTES
+    }
+
+
+def expected_outcome(record: SpecDecodeAcceptanceRecord | None) -> str:
+    """The outcome a call whose payload gives ``record`` (None: no stats) must report."""
+    if record is None:
+        return "no_stats"
+    return "partial" if record.is_partial else "recorded"

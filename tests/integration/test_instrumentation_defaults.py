@@ -13,15 +13,17 @@ from typing import Any
 import pytest
 from instrumentation_helpers import Otel, call_async, call_sync, request_kwargs
 
+from spec_decode_otel.instrumentation.genai_metrics import (
+    M_OPERATION_DURATION,
+    M_TIME_TO_FIRST_CHUNK,
+    M_TOKEN_USAGE,
+)
 from spec_decode_otel.telemetry import (
     M_ACCEPTANCE_LENGTH,
     M_ACCEPTED_AT_POSITION,
     M_ACCEPTED_DRAFT_TOKENS,
     M_DRAFT_ACCEPTANCE_RATE,
     M_DRAFT_TOKENS,
-    M_OPERATION_DURATION,
-    M_TIME_TO_FIRST_CHUNK,
-    M_TOKEN_USAGE,
     M_VERIFY_STEPS,
 )
 

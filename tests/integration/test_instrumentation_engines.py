@@ -23,6 +23,7 @@ from instrumentation_helpers import (
     call_async,
     call_sync,
     dumps_without_volatile,
+    expected_outcome,
     expected_span_attributes,
     payload_finish_reasons,
     payload_usage,
@@ -34,12 +35,14 @@ from instrumentation_helpers import (
 from opentelemetry.trace import SpanKind, StatusCode
 
 import spec_decode_otel
+from spec_decode_otel.instrumentation.genai_metrics import (
+    DURATION_BUCKETS,
+    TOKEN_BUCKETS,
+)
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 from spec_decode_otel.telemetry import (
     ACCEPTANCE_LENGTH_BUCKETS,
     ACCEPTANCE_RATE_BUCKETS,
-    DURATION_BUCKETS,
-    TOKEN_BUCKETS,
 )
 
 PARTIAL_ENGINES = {"trtllm-released", "llamacpp"}
@@ -225,6 +228,12 @@ async def test_one_span_with_the_record_of_the_payload(
 
     base = metric_base(api, simulator_url, response_model)
     check_genai_metrics(instrumented, base, usage, stream)
+    # every call has an outcome, on its span and in the requests counter
+    assert attrs["spec_decode.outcome"] == expected_outcome(record)
+    requests = instrumented.points(instrumented.metrics(), "spec_decode.requests")
+    assert [(p.attributes["spec_decode.outcome"], p.value) for p in requests] == [
+        (expected_outcome(record), 1)
+    ]
     if record is None:
         assert spec_decode_attributes(attrs) == {}
         metrics = instrumented.metrics()

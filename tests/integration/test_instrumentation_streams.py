@@ -2,8 +2,10 @@
 
 Ways out: exhaustion, an error mid-stream (the simulator drops the connection), close(),
 leaving a ``with`` block, ``break`` then close(), an exception raised by the user's own
-loop inside ``with``, and an abandoned stream collected by the GC (``error.type`` =
-``abandoned``). Each is run sync and async, with a user span current and with none; the
+loop inside ``with``, and an abandoned stream collected by the GC. Only a failing stream
+is an error: a stream the user stopped reading ends with status unset,
+``spec_decode.read_to_end=false`` and outcome ``not_read_to_end`` (issue "Trust at the
+edges", 4). Each is run sync and async, with a user span current and with none; the
 span current after ``create()`` returns and between chunks must be the caller's own.
 """
 
@@ -28,8 +30,18 @@ EXPECTED_ERROR = {
     "close": None,
     "with": None,
     "break-close": None,
-    "raise-in-with": "UserLoopError",
-    "abandoned": "abandoned",
+    "raise-in-with": None,
+    "abandoned": None,
+}
+#: spec_decode.outcome each path leaves on the span and in the requests counter
+EXPECTED_OUTCOME = {
+    "exhausted": "recorded",
+    "error": "error",
+    "close": "not_read_to_end",
+    "with": "recorded",
+    "break-close": "not_read_to_end",
+    "raise-in-with": "not_read_to_end",
+    "abandoned": "not_read_to_end",
 }
 
 
@@ -200,6 +212,9 @@ async def test_every_exit_path_ends_the_call_exactly_once(
     error = EXPECTED_ERROR[path]
     assert span.attributes.get("error.type") == error
     assert span.status.status_code is (StatusCode.UNSET if error is None else StatusCode.ERROR)
+    outcome = EXPECTED_OUTCOME[path]
+    assert span.attributes["spec_decode.outcome"] == outcome
+    assert span.attributes.get("spec_decode.read_to_end", True) is (outcome == "recorded")
     stats = spec_decode_attributes(span.attributes)
     if path in ("exhausted", "with"):
         # vLLM's stats ride the final usage chunk: only a fully read stream has them
@@ -211,6 +226,8 @@ async def test_every_exit_path_ends_the_call_exactly_once(
     (duration,) = instrumented.points(metrics, "gen_ai.client.operation.duration")
     assert duration.count == 1
     assert dict(duration.attributes).get("error.type") == error
+    (requests,) = instrumented.points(metrics, "spec_decode.requests")
+    assert (requests.attributes["spec_decode.outcome"], requests.value) == (outcome, 1)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import wrapt
@@ -150,10 +151,29 @@ class _StreamProxyBase(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic 
 
 
 class SyncStreamProxy(_StreamProxyBase):
-    """Wraps ``openai.Stream``: same chunks, same methods, ``isinstance`` still holds."""
+    """Wraps ``openai.Stream``: same chunks, same methods, ``isinstance`` still holds.
 
-    def __iter__(self) -> SyncStreamProxy:
-        return self
+    ``for`` goes through the SDK's own ``__iter__`` and ``next()`` through its
+    ``__next__``, so whatever else wraps those methods still runs.
+    """
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._observed(iter(self.__wrapped__))
+
+    def _observed(self, source: Iterator[Any]) -> Iterator[Any]:
+        # A generator method: it holds the proxy, whose __del__ reports a stream the
+        # user stopped reading, for as long as a ``for`` loop holds the generator.
+        observer = self._self_observer
+        try:
+            for chunk in source:
+                if observer.observe(chunk):
+                    yield chunk
+        except GeneratorExit:
+            raise  # the loop stopped early: close/exit/GC of the proxy ends the call
+        except BaseException as exc:
+            observer.on_error(exc)
+            raise
+        observer.on_end()
 
     def __next__(self) -> Any:
         observer = self._self_observer
@@ -189,8 +209,21 @@ class SyncStreamProxy(_StreamProxyBase):
 class AsyncStreamProxy(_StreamProxyBase):
     """Wraps ``openai.AsyncStream`` the same way; ``aclose``/``async with`` finalize."""
 
-    def __aiter__(self) -> AsyncStreamProxy:
-        return self
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._observed(self.__wrapped__.__aiter__())
+
+    async def _observed(self, source: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        observer = self._self_observer
+        try:
+            async for chunk in source:
+                if observer.observe(chunk):
+                    yield chunk
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            observer.on_error(exc)
+            raise
+        observer.on_end()
 
     async def __anext__(self) -> Any:
         observer = self._self_observer

@@ -155,10 +155,11 @@ class Call:
         if self._claim():
             self._end_safely(lambda: self._end([], error=error))
 
-    def finish_empty(self) -> None:
-        """Ended without a body we can read (e.g. a raw response closed unread)."""
+    def finish_empty(self, *, read_to_end: bool = True) -> None:
+        """Ended without a body we can read; ``read_to_end=False`` when the user closed
+        a raw response without reading its body."""
         if self._claim():
-            self._end_safely(lambda: self._end([]))
+            self._end_safely(lambda: self._end([], read_to_end=read_to_end))
 
     # -- emission --------------------------------------------------------------
 

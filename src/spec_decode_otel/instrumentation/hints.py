@@ -1,8 +1,17 @@
 """One-time hints: when data goes missing for a reason we can see, say so once, with
 the fix, at WARNING (visible wherever the application shows warnings).
 
-Per-server state is bounded (``MAX_SERVERS``); the hints are process-wide, since each is
-said once per process.
+Three hints, each said at most once per process (by the module's ``hints`` object):
+
+- ``invalid``: a payload was rejected (the first rule it broke is in the message);
+- ``include-usage``: a server sent stats on non-streaming calls, but a stream made
+  without ``stream_options.include_usage`` and read to its end got none (vLLM sends
+  streaming stats only on the usage chunk);
+- ``quiet-server``: a server answered ``QUIET_SERVER_CALLS`` calls without stats, and none
+  with, while other servers did send stats.
+
+Per-server state is bounded (``MAX_SERVERS``). ``Hints.reset()`` forgets everything, so
+a hint can be said again (tests use it).
 """
 
 from __future__ import annotations
@@ -10,27 +19,65 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from spec_decode_otel._logging import warn_once
+from spec_decode_otel._logging import logger
 from spec_decode_otel.outcome import Outcome
 
-#: Calls to one server with no stats, while other servers sent stats, before the hint.
+#: Calls to one server answered without stats, while other servers sent stats, before
+#: the quiet-server hint.
 QUIET_SERVER_CALLS = 20
 #: Servers tracked; later ones get no per-server hints.
 MAX_SERVERS = 256
 
+INVALID = (
+    "spec-decode stats from %s were rejected as invalid (%s), so calls with such payloads "
+    "get no record (outcome invalid). The server, or a gateway in front of it, sends "
+    "numbers that contradict each other or exceed a bound: check that the server's "
+    "version is one README's 'Supported engines' lists, and if it is, report the payload "
+    "(spec-decode-otel parse FILE shows what is read from a saved response)."
+)
+INCLUDE_USAGE = (
+    "%s sends spec-decode stats on non-streaming calls but none arrived on a stream made "
+    "without stream_options.include_usage (vLLM sends streaming stats only on the usage "
+    "chunk): set inject_include_usage=True (SPEC_DECODE_OTEL_INJECT_INCLUDE_USAGE=true), "
+    "or start vLLM with --enable-force-include-usage"
+)
+QUIET_SERVER = (
+    "%s answered %d calls without spec-decode stats while other servers sent them: turn "
+    "its per-request stats on (vLLM --per-request-spec-decode-metrics summary; SGLang "
+    "request_engine_stats=('sglang',); TensorRT-LLM per_request_spec_decode_stats: true; "
+    "llama.cpp --spec-type with -md), make vLLM streams ask for them "
+    "(inject_include_usage=True), and check that no gateway in front of it strips the "
+    "fields (README: Limitations)"
+)
+
 
 @dataclass
 class _Server:
-    calls: int = 0
+    #: Calls answered in full without stats (outcome no_stats).
+    without_stats: int = 0
+    #: Calls with a record (recorded or partial).
     with_stats: int = 0
+    #: A non-streaming call had stats.
     non_stream_stats: bool = False
+    #: A stream without include_usage, read to its end, had none.
+    stream_lost: bool = False
 
 
 class Hints:
+    """Per-server observations and the hints already said."""
+
     def __init__(self) -> None:
         self._servers: dict[str, _Server] = {}
         self._any_stats = False
+        self._said: set[str] = set()
         self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        """Forget every server and every hint said."""
+        with self._lock:
+            self._servers.clear()
+            self._any_stats = False
+            self._said.clear()
 
     def observe(
         self,
@@ -42,52 +89,39 @@ class Hints:
         reason: str | None,
     ) -> None:
         """Note one call's outcome; say a hint the first time its condition holds."""
-        has_stats = outcome in (Outcome.RECORDED, Outcome.PARTIAL)
-        if outcome is Outcome.INVALID:
-            warn_once(
-                "invalid",
-                "spec-decode stats from %s were rejected as invalid (%s); calls with such "
-                "payloads get no record. Check the server's version against README's "
-                "supported engines.",
-                server,
-                reason or "no reason given",
-            )
+        say: list[tuple[str, tuple[object, ...]]] = []
         with self._lock:
+            if outcome is Outcome.INVALID and self._first("invalid"):
+                say.append((INVALID, (server, reason or "no reason given")))
             state = self._servers.get(server)
             if state is None and len(self._servers) < MAX_SERVERS:
                 state = self._servers[server] = _Server()
-            if state is None:
-                return
-            state.calls += 1
-            if has_stats:
-                state.with_stats += 1
-                self._any_stats = True
-                state.non_stream_stats |= not streaming
-            stream_lost = (
-                streaming
-                and not include_usage
-                and outcome is Outcome.NO_STATS
-                and state.non_stream_stats
-            )
-            quiet = state.with_stats == 0 and state.calls >= QUIET_SERVER_CALLS and self._any_stats
-        if stream_lost:
-            warn_once(
-                "include-usage",
-                "%s sends spec-decode stats on non-streaming calls but none arrived on a "
-                "stream made without stream_options.include_usage: set "
-                "inject_include_usage=True, or start vLLM with --enable-force-include-usage",
-                server,
-            )
-        if quiet:
-            warn_once(
-                "quiet-server",
-                "%s sent no spec-decode stats in %d calls while other servers did: is "
-                "speculative decoding and its per-request stats flag on there (vLLM "
-                "--per-request-spec-decode-metrics; SGLang request_engine_stats=['sglang'])? "
-                "A gateway in between may strip the fields (README: Through a gateway).",
-                server,
-                state.calls,
-            )
+            if state is not None:
+                if outcome in (Outcome.RECORDED, Outcome.PARTIAL):
+                    state.with_stats += 1
+                    state.non_stream_stats |= not streaming
+                    self._any_stats = True
+                elif outcome is Outcome.NO_STATS:
+                    state.without_stats += 1
+                    state.stream_lost |= streaming and not include_usage
+                if state.non_stream_stats and state.stream_lost and self._first("include-usage"):
+                    say.append((INCLUDE_USAGE, (server,)))
+                if (
+                    state.with_stats == 0
+                    and state.without_stats >= QUIET_SERVER_CALLS
+                    and self._any_stats
+                    and self._first("quiet-server")
+                ):
+                    say.append((QUIET_SERVER, (server, state.without_stats)))
+        for message, args in say:
+            logger.warning(message, *args)
+
+    def _first(self, key: str) -> bool:
+        """True the first time ``key`` is asked for (the caller holds the lock)."""
+        if key in self._said:
+            return False
+        self._said.add(key)
+        return True
 
 
 hints = Hints()

@@ -88,7 +88,7 @@ class _RawResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic
 
     def _closed(self) -> None:
         if self._self_parsed is None:
-            self._self_call.finish_empty()
+            self._self_call.finish_empty(read_to_end=False)
 
     def __del__(self) -> None:
         self._closed()

@@ -8,16 +8,17 @@ client instance instead of every client in the process.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import threading
 import warnings
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import wrapt
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
-from opentelemetry.instrumentation.utils import unwrap
 
 from spec_decode_otel.instrumentation.genai_metrics import GenAiMetrics
 from spec_decode_otel.instrumentation.settings import Settings
@@ -27,6 +28,13 @@ from spec_decode_otel.telemetry import SCOPE_NAME, instruments_for
 from spec_decode_otel.version import __version__
 
 _CLIENT_MARK = "_spec_decode_otel_instrumented"
+#: The client method every chat/completions call goes through (see wrapper.py).
+_METHOD = "request"
+#: Set while one of our process-wide wrappers handles a call, so a second one of ours
+#: further down the same call path passes it through instead of recording it again.
+_RECORDING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "spec_decode_otel_recording", default=False
+)
 #: Keywords BaseInstrumentor itself takes; they are not our settings.
 _BASE_KEYWORDS = ("skip_dep_check", "raise_exception_on_conflict")
 
@@ -58,6 +66,7 @@ class SpecDecodeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     _instrumentation: Instrumentation | None = None
     _identity: tuple[Any, ...] | None = None
+    _patches: list[_Patch] = []
     _lock = threading.Lock()
 
     def instrumentation_dependencies(self) -> Collection[str]:
@@ -82,23 +91,95 @@ class SpecDecodeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             super().uninstrument(**kwargs)
 
     def _instrument(self, **kwargs: Any) -> None:
+        import openai._base_client as base_client
+
         instrumentation, identity = _build(dict(kwargs))
-        wrapt.wrap_function_wrapper(
-            "openai._base_client", "SyncAPIClient.request", instrumentation.sync_request
-        )
-        wrapt.wrap_function_wrapper(
-            "openai._base_client", "AsyncAPIClient.request", instrumentation.async_request
-        )
+        patches = []
+        for base, wrapper in (
+            (base_client.SyncAPIClient, _sync_wrapper(instrumentation)),
+            (base_client.AsyncAPIClient, _async_wrapper(instrumentation)),
+        ):
+            for cls in _classes_defining_request(base):
+                original = cls.__dict__[_METHOD]
+                patched = wrapt.FunctionWrapper(original, wrapper)
+                setattr(cls, _METHOD, patched)
+                patches.append(_Patch(cls, original, patched))
+        SpecDecodeInstrumentor._patches = patches
         SpecDecodeInstrumentor._instrumentation = instrumentation
         SpecDecodeInstrumentor._identity = identity
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        import openai._base_client as base_client
-
-        unwrap(base_client.SyncAPIClient, "request")
-        unwrap(base_client.AsyncAPIClient, "request")
+        # Put back what each attribute held, unless someone has since replaced or wrapped
+        # our wrapper: theirs stays, and ours inside it now passes every call through.
+        for patch in reversed(SpecDecodeInstrumentor._patches):
+            if patch.cls.__dict__.get(_METHOD) is patch.patched:
+                setattr(patch.cls, _METHOD, patch.original)
+        SpecDecodeInstrumentor._patches = []
         SpecDecodeInstrumentor._instrumentation = None
         SpecDecodeInstrumentor._identity = None
+
+
+@dataclass(frozen=True)
+class _Patch:
+    cls: type
+    original: Any
+    patched: Any
+
+
+def _classes_defining_request(base: type) -> list[type]:
+    """``base`` and those of its subclasses in the ``openai`` package that define their
+    own ``request``. The SDK defines it only on the base, but an instrumentation loaded
+    before us may have wrapped a subclass's (OpenInference wraps ``OpenAI.request`` and
+    ``AsyncOpenAI.request``, and its uninstrument leaves a copy there): calls on that
+    class never reach the base's, so ours goes on each such attribute too."""
+    found: list[type] = [base]
+    todo: list[type] = list(base.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        if cls in found:
+            continue
+        todo.extend(cls.__subclasses__())
+        if cls.__module__.split(".")[0] == "openai" and _METHOD in cls.__dict__:
+            found.append(cls)
+    return found
+
+
+Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
+
+
+def _sync_wrapper(instrumentation: Instrumentation) -> Wrapper:
+    """``instrumentation.sync_request`` while it is the active instrumentation and no
+    wrapper of ours further up the call path is already recording this call."""
+
+    def wrapper(
+        wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if SpecDecodeInstrumentor._instrumentation is not instrumentation or _RECORDING.get():
+            return wrapped(*args, **kwargs)
+        token = _RECORDING.set(True)
+        try:
+            return instrumentation.sync_request(wrapped, instance, args, kwargs)
+        finally:
+            _RECORDING.reset(token)
+
+    return wrapper
+
+
+def _async_wrapper(instrumentation: Instrumentation) -> Wrapper:
+    """The async twin of :func:`_sync_wrapper`."""
+
+    async def wrapper(
+        wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if SpecDecodeInstrumentor._instrumentation is not instrumentation or _RECORDING.get():
+            return await wrapped(*args, **kwargs)
+        token = _RECORDING.set(True)
+        try:
+            return await instrumentation.async_request(wrapped, instance, args, kwargs)
+        finally:
+            _RECORDING.reset(token)
+
+    return wrapper
 
 
 def instrument_client(client: Any, **kwargs: Any) -> Any:

@@ -14,12 +14,17 @@ from typing import Any
 
 from opentelemetry.trace import Span, SpanKind
 
+#: The instrumentation scopes of their spans, as each release names it (checked against the
+#: installed packages by tests/integration/test_coexistence_matrix.py). openai-v2 2.4b0
+#: (with opentelemetry-util-genai 1.1b0) makes its chat spans through util-genai's handler,
+#: whose scope (``opentelemetry.util.genai.handler``) also names agent and tool spans:
+#: those spans are recognised by their attributes instead.
 FOREIGN_SCOPES = frozenset(
     {
-        "opentelemetry.instrumentation.openai_v2",
-        "opentelemetry.instrumentation.genai_openai",
-        "opentelemetry.instrumentation.openai",
-        "openinference.instrumentation.openai",
+        "opentelemetry.instrumentation.openai_v2",  # openai-v2's own tracer
+        "opentelemetry.instrumentation.genai.openai",  # genai-openai
+        "opentelemetry.instrumentation.openai.v1",  # OpenLLMetry with openai >= 1
+        "openinference.instrumentation.openai",  # OpenInference
     }
 )
 _LLM_OPERATIONS = frozenset({"chat", "text_completion"})

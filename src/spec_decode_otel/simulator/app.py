@@ -1,7 +1,8 @@
 """The ASGI app: an OpenAI-compatible server that speaks every engine's stats shape.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
-``GET /health``. One request is planned in full before a byte is sent (see ``plan.py``);
+``GET /health``, ``GET /metrics`` (the server-side counters, see ``server_metrics.py``).
+One request is planned in full before a byte is sent (see ``plan.py``);
 this module only renders the plan as a JSON body or an SSE stream in the shape of the
 engine chosen for the request, and applies the requested faults.
 
@@ -42,6 +43,7 @@ from spec_decode_otel.simulator.plan import (
     count_prompt_tokens,
     plan_choice,
 )
+from spec_decode_otel.simulator.server_metrics import CONTENT_TYPE, ServerMetrics
 
 JSON = dict[str, Any]
 
@@ -488,6 +490,7 @@ def create_app(config: SimulatorConfig | None = None) -> FastAPI:
     sim = Simulator(config)
     app = FastAPI(title="spec-decode-otel simulator", docs_url=None, redoc_url=None)
     app.state.simulator = sim
+    server_metrics = app.state.server_metrics = ServerMetrics(config)
     error_log = logging.getLogger("uvicorn.error")
     if not any(isinstance(f, _DropFilter) for f in error_log.filters):
         error_log.addFilter(_DropFilter())
@@ -504,6 +507,10 @@ def create_app(config: SimulatorConfig | None = None) -> FastAPI:
     @app.exception_handler(SimulatorError)
     async def _sim_error(request: Request, exc: SimulatorError) -> Response:
         return json_response(error_body(exc.message, exc.type, exc.code), exc.status)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(server_metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/health")
     async def health() -> Response:
@@ -539,6 +546,7 @@ def create_app(config: SimulatorConfig | None = None) -> FastAPI:
                 500,
             )
         plan = sim.plan(kind, req, request)
+        server_metrics.count(c.generation for c in plan.choices)
         delay = _delay_seconds(request, faults, config)
         if req.stream:
             return StreamingResponse(

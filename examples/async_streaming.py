@@ -1,6 +1,6 @@
 """Concurrent streaming with ``AsyncOpenAI``, and include-usage injection.
 
-Shows: ``spec_decode_otel.instrument(inject_include_usage=True)`` instruments every
+Shows: ``spec_decode_otel.SpecDecodeInstrumentor().instrument(inject_include_usage=True)`` instruments every
 client in the process; vLLM sends streaming spec-decode stats only on the final usage
 chunk, which exists only when the request sets ``stream_options.include_usage``. With
 injection on, the instrumentation adds it to streaming requests that did not set it and
@@ -49,14 +49,16 @@ async def main() -> None:
     spans = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-    spec_decode_otel.instrument(tracer_provider=tracer_provider, inject_include_usage=True)
+    spec_decode_otel.SpecDecodeInstrumentor().instrument(
+        tracer_provider=tracer_provider, inject_include_usage=True
+    )
     try:
         with openai_base_url() as base_url:
             client = openai.AsyncOpenAI(base_url=base_url, api_key=API_KEY)
             chunks = await asyncio.gather(*(ask(client, n) for n in range(len(PROMPTS))))
             await client.close()
     finally:
-        spec_decode_otel.uninstrument()
+        spec_decode_otel.SpecDecodeInstrumentor().uninstrument()
 
     finished = [s for s in spans.get_finished_spans() if "spec_decode.engine" in s.attributes]
     print(f"{len(chunks)} concurrent streams, {len(finished)} spans with a record")

@@ -1,6 +1,6 @@
 """LangChain's ``ChatOpenAI``, instrumented: acceptance for every model call of a chain.
 
-Shows: ``spec_decode_otel.instrument()`` covers clients that a framework creates for
+Shows: ``spec_decode_otel.SpecDecodeInstrumentor().instrument()`` covers clients that a framework creates for
 you. ``ChatOpenAI`` builds its own ``openai`` client and calls it through
 ``with_raw_response`` (always for ``invoke``; for ``stream`` too with
 ``include_response_headers=True``, used here). The instrumentation wraps the client's
@@ -29,7 +29,7 @@ def main() -> None:
     spans = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-    spec_decode_otel.instrument(tracer_provider=tracer_provider)
+    spec_decode_otel.SpecDecodeInstrumentor().instrument(tracer_provider=tracer_provider)
     try:
         with openai_base_url() as base_url:
             llm = ChatOpenAI(
@@ -46,7 +46,7 @@ def main() -> None:
             streamed = "".join(str(part.content) for part in llm.stream("And a target model?"))
             print(f"stream: {len(streamed)} characters")
     finally:
-        spec_decode_otel.uninstrument()
+        spec_decode_otel.SpecDecodeInstrumentor().uninstrument()
 
     for call, span in zip(("invoke", "stream"), spans.get_finished_spans(), strict=True):
         a = span.attributes

@@ -28,7 +28,7 @@ def main() -> None:
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     OpenAIInstrumentor().instrument(tracer_provider=tracer_provider)
-    spec_decode_otel.instrument(tracer_provider=tracer_provider)
+    spec_decode_otel.SpecDecodeInstrumentor().instrument(tracer_provider=tracer_provider)
     try:
         with openai_base_url() as base_url:
             client = openai.OpenAI(base_url=base_url, api_key=API_KEY)
@@ -44,7 +44,7 @@ def main() -> None:
                 pass
             client.close()
     finally:
-        spec_decode_otel.uninstrument()
+        spec_decode_otel.SpecDecodeInstrumentor().uninstrument()
         OpenAIInstrumentor().uninstrument()
 
     finished = spans.get_finished_spans()

@@ -67,7 +67,7 @@ def main() -> None:
     spans = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-    spec_decode_otel.instrument(
+    spec_decode_otel.SpecDecodeInstrumentor().instrument(
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
         metric_attributes=("workload",),  # or SPEC_DECODE_OTEL_METRIC_ATTRIBUTES=workload
@@ -86,7 +86,7 @@ def main() -> None:
             client.close()
         totals, keys = per_workload(reader)
     finally:
-        spec_decode_otel.uninstrument()
+        spec_decode_otel.SpecDecodeInstrumentor().uninstrument()
 
     for workload, row in sorted(totals.items()):
         print(

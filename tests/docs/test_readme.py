@@ -26,6 +26,7 @@ from pathlib import Path
 
 import spec_decode_otel
 from spec_decode_otel import telemetry
+from spec_decode_otel.instrumentation import genai_metrics
 from spec_decode_otel.instrumentation import settings as config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -156,18 +157,19 @@ def test_configuration_defaults_match_the_code() -> None:
 def test_every_metric_attribute_and_bucket_is_documented() -> None:
     constants = {
         name: value
-        for name, value in vars(telemetry).items()
+        for module in (telemetry, genai_metrics)
+        for name, value in vars(module).items()
         if name.startswith(("M_", "SD_")) and isinstance(value, str)
     }
-    assert len([n for n in constants if n.startswith("M_")]) == 9  # the scan works
+    assert len([n for n in constants if n.startswith("M_")]) == 10  # the scan works
     reference = section("Telemetry reference")
     for name, value in constants.items():
         assert f"`{value}`" in reference, f"{name} = {value!r} is not in the telemetry reference"
     for buckets in (
         telemetry.ACCEPTANCE_LENGTH_BUCKETS,
         telemetry.ACCEPTANCE_RATE_BUCKETS,
-        telemetry.DURATION_BUCKETS,
-        telemetry.TOKEN_BUCKETS,
+        genai_metrics.DURATION_BUCKETS,
+        genai_metrics.TOKEN_BUCKETS,
     ):
         shown = ", ".join(format(b, ".15g") for b in buckets)
         assert shown in " ".join(reference.split()), f"buckets {shown} not in the README"
@@ -182,7 +184,7 @@ def test_prometheus_names_follow_the_collector_translation() -> None:
 
 
 def test_readme_links_resolve() -> None:
-    for target in re.findall(r"\]\(((?!https?:|#)[^)]+)\)", README):
+    for target in re.findall(r"\]\(((?!https?:|#)[^)#]+)(?:#[^)]*)?\)", README):
         assert (REPO / target).exists(), f"README links to missing {target}"
     for anchor in re.findall(r"\]\(#([^)]+)\)", README):
         titles = re.findall(r"^## (.+)$", README, re.M)

@@ -38,7 +38,7 @@ import httpx
 import pytest
 from e2e_stack import ManagedProcess, Stack, child_env, port_open, prom_scalar, wait_until
 
-from spec_decode_otel.configure import SHUTDOWN_TIMEOUT_S
+from spec_decode_otel.sdk_setup import SHUTDOWN_TIMEOUT_S
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -78,7 +78,7 @@ for line in sys.stdin:
         accepted += stats["num_accepted_draft_tokens"]
     print(json.dumps({"latencies": latencies, "steps": steps, "accepted": accepted}), flush=True)
 client.close()
-# Falling off the end: atexit runs Telemetries.shutdown(), the bounded final flush.
+# Falling off the end: atexit runs Providers.shutdown(), the bounded final flush.
 """
 
 

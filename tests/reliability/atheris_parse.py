@@ -25,7 +25,7 @@ import sys
 import atheris
 
 with atheris.instrument_imports(include=["spec_decode_otel"]):
-    from spec_decode_otel.parsing import parse_payloads, record_from_json, record_from_text
+    from spec_decode_otel.payloads import parse_payloads, record_from_json, record_from_text
     from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 
 

@@ -121,21 +121,21 @@ def instrumented(otel: Otel, **settings: Any) -> Iterator[Otel]:
     """Process-wide instrumentation into ``otel``'s providers for the ``with`` block."""
     if SpecDecodeInstrumentor().is_instrumented_by_opentelemetry:
         # Left over by an earlier test: undo it, or our providers would see nothing.
-        spec_decode_otel.uninstrument()
-    spec_decode_otel.instrument(
+        spec_decode_otel.SpecDecodeInstrumentor().uninstrument()
+    spec_decode_otel.SpecDecodeInstrumentor().instrument(
         tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider, **settings
     )
     try:
         yield otel
     finally:
-        spec_decode_otel.uninstrument()
+        spec_decode_otel.SpecDecodeInstrumentor().uninstrument()
 
 
 @contextlib.contextmanager
 def uninstrumented() -> Iterator[None]:
     """Assert nothing wraps the SDK in the block (the bare-SDK side of a comparison)."""
     if SpecDecodeInstrumentor().is_instrumented_by_opentelemetry:
-        spec_decode_otel.uninstrument()
+        spec_decode_otel.SpecDecodeInstrumentor().uninstrument()
     yield
 
 

@@ -23,6 +23,10 @@ import httpx2
 from reliability_helpers import Otel, canary_messages, instrumented, mock_client
 
 import spec_decode_otel
+from spec_decode_otel.instrumentation.genai_metrics import (
+    M_OPERATION_DURATION,
+    M_TOKEN_USAGE,
+)
 from spec_decode_otel.telemetry import (
     GEN_AI_REQUEST_MODEL,
     GEN_AI_RESPONSE_MODEL,
@@ -31,8 +35,6 @@ from spec_decode_otel.telemetry import (
     M_ACCEPTED_DRAFT_TOKENS,
     M_DRAFT_ACCEPTANCE_RATE,
     M_DRAFT_TOKENS,
-    M_OPERATION_DURATION,
-    M_TOKEN_USAGE,
     M_VERIFY_STEPS,
     MAX_DRAFT_POSITIONS,
     MAX_VALUES_PER_ATTRIBUTE,

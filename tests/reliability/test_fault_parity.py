@@ -21,11 +21,13 @@ import pytest
 from opentelemetry.trace import StatusCode
 from reliability_helpers import API_KEY, Otel, canary_messages, instrumented, uninstrumented
 
+from spec_decode_otel.instrumentation.genai_metrics import (
+    M_OPERATION_DURATION,
+)
 from spec_decode_otel.simulator.faults import DROP_AFTER_CHUNKS, PAYLOAD_FAULTS
 from spec_decode_otel.telemetry import (
     ERROR_TYPE,
     M_ACCEPTANCE_LENGTH,
-    M_OPERATION_DURATION,
     M_VERIFY_STEPS,
     SD_ENGINE,
 )

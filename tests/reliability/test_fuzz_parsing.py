@@ -37,15 +37,13 @@ from reliability_helpers import (
 )
 
 from spec_decode_otel import (
-    ParsedResponse,
     SpecDecodeAcceptanceRecord,
-    detect,
     instrument_client,
     record_from_json,
     record_from_text,
 )
-from spec_decode_otel.adapters import BUILTIN_ADAPTERS
-from spec_decode_otel.parsing import parse_payloads
+from spec_decode_otel.adapters import BUILTIN_ADAPTERS, ParsedResponse, detect
+from spec_decode_otel.payloads import parse_payloads
 from spec_decode_otel.record import MAX_ARRAY_LENGTH
 from spec_decode_otel.telemetry import (
     SD_ENGINE,

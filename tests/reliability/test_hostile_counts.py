@@ -17,13 +17,15 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from reliability_helpers import Otel, canary_messages, instrumented, json_response, mock_client
 
 from spec_decode_otel import SpecDecodeAcceptanceRecord, record_from_json
+from spec_decode_otel.instrumentation.genai_metrics import (
+    M_TOKEN_USAGE,
+)
 from spec_decode_otel.record import MAX_COUNT
 from spec_decode_otel.telemetry import (
     GEN_AI_USAGE_INPUT_TOKENS,
     GEN_AI_USAGE_OUTPUT_TOKENS,
     M_ACCEPTANCE_LENGTH,
     M_DRAFT_TOKENS,
-    M_TOKEN_USAGE,
     SD_ENGINE,
 )
 

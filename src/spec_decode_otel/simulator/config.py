@@ -31,7 +31,8 @@ class SimulatorConfig(BaseModel):
     the engine-facing parts for one request, so one server can speak every shape.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # protected_namespaces=(): `model_alphas` is ours (pydantic < 2.10 warns on model_*).
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
 
     engine: Engine = "vllm"
     level: Level = "detailed"

@@ -1,9 +1,10 @@
 """The ``spec-decode-otel`` command.
 
 Sub-commands live in the modules that own the concept (``parse`` in
-:mod:`spec_decode_otel.payloads`, ``simulate`` in the simulator package, ``demo`` in
-:mod:`spec_decode_otel.demo`); this module only wires argparse. ``parse`` needs the core
-alone; ``simulate`` and ``demo`` need their extras and say how to install them.
+:mod:`spec_decode_otel.payloads`, ``summarize`` in :mod:`spec_decode_otel.summary`,
+``simulate`` in the simulator package, ``demo`` in :mod:`spec_decode_otel.demo`); this
+module only wires argparse. ``parse`` and ``summarize`` need the core alone; ``simulate``
+and ``demo`` need their extras and say how to install them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ _EXTRA_HINT = {
 def _build_parser() -> argparse.ArgumentParser:
     from spec_decode_otel.demo import add_arguments as add_demo_arguments
     from spec_decode_otel.simulator.cli import add_arguments as add_simulate_arguments
+    from spec_decode_otel.summary import add_arguments as add_summarize_arguments
 
     parser = argparse.ArgumentParser(
         prog="spec-decode-otel",
@@ -32,6 +34,12 @@ def _build_parser() -> argparse.ArgumentParser:
         help="turn a saved response, chunk list, JSON lines or raw SSE into a record",
     )
     p_parse.add_argument("file", help="a file path, or - for standard input")
+    add_summarize_arguments(
+        sub.add_parser(
+            "summarize",
+            help="per model and engine: acceptance figures and call outcomes of a records file",
+        )
+    )
     add_simulate_arguments(
         sub.add_parser("simulate", help="run the speculative-decoding simulator server")
     )
@@ -47,6 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from spec_decode_otel.payloads import run_parse_command
 
         return run_parse_command(args.file)
+    if args.command == "summarize":
+        from spec_decode_otel.summary import run as run_summarize
+
+        return run_summarize(args)
     try:
         if args.command == "simulate":
             from spec_decode_otel.simulator.cli import run as run_simulator

@@ -31,7 +31,7 @@ from spec_decode_otel.instrumentation import settings as config
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text(encoding="utf-8")
-DEMO_TITLE = "Speculative decoding — per-request acceptance (from the emitted metrics)"
+DEMO_TITLE = "Speculative decoding — per-request acceptance (from the spans it emitted)"
 
 
 def section(title: str) -> str:

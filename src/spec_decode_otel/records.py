@@ -1,0 +1,73 @@
+"""``RecordsFileProcessor``: an OpenTelemetry SDK span processor that writes the records
+file (one JSON line per instrumented call, the format in :mod:`spec_decode_otel.summary`),
+which ``spec-decode-otel summarize`` reads.
+
+It needs the SDK (the ``otlp`` extra, or any SDK set-up of your own); ``import
+spec_decode_otel`` does not import this module::
+
+    from spec_decode_otel.records import RecordsFileProcessor
+
+    tracer_provider.add_span_processor(RecordsFileProcessor("records.jsonl"))
+    # or: spec_decode_otel.setup(span_processors=[RecordsFileProcessor("records.jsonl")])
+
+A line is written when the call's span ends (sampled or not: the SDK hands every span
+that records to its processors), so the file is complete at any moment; ``force_flush``
+flushes it and ``shutdown`` closes a file the processor opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import TextIO
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+
+from spec_decode_otel.summary import row_for_span
+
+
+class RecordsFileProcessor(SpanProcessor):
+    """Appends one JSON line per instrumented call to ``target``: a path (opened for
+    appending, closed on shutdown) or an open text stream (left open)."""
+
+    def __init__(self, target: str | os.PathLike[str] | TextIO) -> None:
+        if isinstance(target, (str, os.PathLike)):
+            self._file: TextIO = open(target, "a", encoding="utf-8")  # noqa: SIM115
+            self._owned = True
+        else:
+            self._file = target
+            self._owned = False
+        self._lock = threading.Lock()
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        context = span.context
+        row = row_for_span(
+            span.attributes or {},
+            context.trace_id if context is not None else None,
+            context.span_id if context is not None else None,
+        )
+        if row is None:
+            return
+        line = json.dumps(row) + "\n"
+        with self._lock:
+            if not self._file.closed:
+                self._file.write(line)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        with self._lock:
+            if not self._file.closed:
+                self._file.flush()
+        return True
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._file.closed:
+                return
+            self._file.flush()
+            if self._owned:
+                self._file.close()

@@ -1,0 +1,118 @@
+"""``RecordsFileProcessor`` on real calls: one line per instrumented call whatever its
+outcome, whose record is the one the response's own payload gives, and which
+``spec-decode-otel summarize`` reads back.
+
+The calls go through the real ``openai`` SDK to the simulator subprocess; the payload
+each line is checked against is the same seeded request sent again without the SDK.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from instrumentation_helpers import MESSAGES, MODEL, Otel, raw_payload, server_of
+from opentelemetry.sdk.trace import TracerProvider
+
+from spec_decode_otel import record_from_json
+from spec_decode_otel.cli import main as cli_main
+from spec_decode_otel.records import RecordsFileProcessor
+
+#: (headers, extra kwargs, how the call is read, outcome)
+CALLS: list[tuple[dict[str, str], dict[str, Any], str, str]] = [
+    ({}, {}, "create", "recorded"),
+    ({"x-spec-decode-engine": "llamacpp"}, {}, "create", "partial"),
+    ({}, {"stream": True, "stream_options": {"include_usage": True}}, "read", "recorded"),
+    ({"x-spec-decode-engine": "none"}, {}, "create", "no_stats"),
+    ({}, {"stream": True}, "break", "not_read_to_end"),
+    ({"x-sim-fault": "http-500"}, {}, "error", "error"),
+]
+
+
+def _call(client: openai.OpenAI, kwargs: dict[str, Any], how: str) -> None:
+    if how == "create":
+        client.chat.completions.create(**kwargs)
+    elif how == "read":
+        assert list(client.chat.completions.create(**kwargs))
+    elif how == "break":
+        with client.chat.completions.create(**kwargs) as stream:
+            next(iter(stream))
+    else:
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(**kwargs)
+
+
+def test_one_line_per_call_with_its_record(
+    otel: Otel, simulator_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "records.jsonl"
+    processor = RecordsFileProcessor(path)
+    otel.tracer_provider.add_span_processor(processor)
+    otel.instrument(record_per_step=True)
+    sent = []
+    with openai.OpenAI(api_key="sk-test", base_url=simulator_url, max_retries=0) as client:
+        for seed, (headers, extra, how, _) in enumerate(CALLS, start=700):
+            kwargs = {
+                "model": MODEL,
+                "messages": MESSAGES,
+                "extra_headers": {"x-sim-seed": str(seed), **headers},
+                **extra,
+            }
+            _call(client, kwargs, how)
+            sent.append(kwargs)
+    assert processor.force_flush()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    spans = otel.spans()
+    assert len(lines) == len(spans) == len(CALLS)
+
+    host, port = server_of(simulator_url)
+    for row, span, kwargs, (_, _, _, outcome) in zip(lines, spans, sent, CALLS, strict=True):
+        want = None
+        if outcome in ("recorded", "partial"):
+            want = record_from_json(raw_payload(simulator_url, "chat", kwargs))
+            assert want is not None
+        assert row == {
+            "model": MODEL,
+            "server": f"{host}:{port}",
+            "outcome": outcome,
+            "engine": want.engine if want else None,
+            "trace_id": f"{span.context.trace_id:032x}",
+            "span_id": f"{span.context.span_id:016x}",
+            "record": want.model_dump(mode="json") if want else None,
+        }
+    # vLLM detailed: the per-step arrays travel too (record_per_step=True).
+    assert lines[0]["record"]["per_step_accepted"]
+
+    assert cli_main(["summarize", "--json", str(path)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    (model,) = summary["models"]
+    assert model["outcomes"] == {
+        "error": 1,
+        "no_stats": 1,
+        "not_read_to_end": 1,
+        "partial": 1,
+        "recorded": 2,
+    }
+    assert {e["engine"]: e["requests"] for e in model["engines"]} == {"llamacpp": 1, "vllm": 2}
+
+    processor.shutdown()
+    assert processor.force_flush()  # harmless once closed
+
+
+def test_an_open_stream_is_left_open(tmp_path: Path) -> None:
+    """Given a stream, the processor writes to it and never closes it."""
+    with open(tmp_path / "out.jsonl", "w", encoding="utf-8") as handle:
+        provider = TracerProvider()
+        provider.add_span_processor(RecordsFileProcessor(handle))
+        span = provider.get_tracer("t").start_span(
+            "call", attributes={"spec_decode.outcome": "error"}
+        )
+        span.end()
+        provider.get_tracer("t").start_span("unrelated").end()
+        provider.shutdown()
+        assert not handle.closed
+    rows = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["outcome"] for r in rows] == ["error"]

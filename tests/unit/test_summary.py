@@ -1,0 +1,273 @@
+"""The records file and ``spec-decode-otel summarize``: rows from span attributes, reading
+(and refusing) lines, every figure of the summary on records whose answers are worked
+out by hand, the text and JSON outputs, and the command, which needs the core only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spec_decode_otel import SpecDecodeAcceptanceRecord
+from spec_decode_otel.cli import main as cli_main
+from spec_decode_otel.summary import read_rows, render, row_for_span, summarize, to_json
+from spec_decode_otel.telemetry import record_attributes
+
+#: k=4: 2 steps accepting 0 and 2 drafts; 4 steps accepting 1, 1, 4, 4.
+VLLM_A = SpecDecodeAcceptanceRecord(
+    engine="vllm",
+    mean_acceptance_length=2.0,
+    draft_acceptance_rate=0.25,
+    acceptance_histogram={0: 1, 2: 1},
+    num_accepted_draft_tokens=2,
+    num_draft_tokens=8,
+    num_spec_steps=2,
+    num_spec_tokens=4,
+    completion_tokens=5,
+    per_step_accepted=[0, 2],
+    per_step_drafted=[4, 4],
+)
+VLLM_B = SpecDecodeAcceptanceRecord(
+    engine="vllm",
+    mean_acceptance_length=3.5,
+    draft_acceptance_rate=0.625,
+    acceptance_histogram={1: 2, 4: 2},
+    num_accepted_draft_tokens=10,
+    num_draft_tokens=16,
+    num_spec_steps=4,
+    num_spec_tokens=4,
+)
+#: llama.cpp: counts and rate, no steps, no histogram.
+LLAMACPP = SpecDecodeAcceptanceRecord(
+    engine="llamacpp", draft_acceptance_rate=0.3, num_accepted_draft_tokens=3, num_draft_tokens=10
+)
+#: A released TensorRT-LLM server: the mean only.
+TRTLLM = SpecDecodeAcceptanceRecord(engine="tensorrt_llm", mean_acceptance_length=2.5)
+
+
+def line(model: str | None, outcome: str, record: SpecDecodeAcceptanceRecord | None) -> str:
+    return json.dumps(
+        {
+            "model": model,
+            "server": "127.0.0.1:8000",
+            "outcome": outcome,
+            "engine": record.engine if record else None,
+            "trace_id": None,
+            "span_id": None,
+            "record": record.model_dump(mode="json") if record else None,
+        }
+    )
+
+
+LINES = [
+    line("m", "recorded", VLLM_A),
+    line("m", "recorded", VLLM_B),
+    line("m", "no_stats", None),
+    line("m", "not_read_to_end", None),
+    line("m", "partial", LLAMACPP),
+    line("m", "no_stats", None),
+    line("other", "partial", TRTLLM),
+    line(None, "error", None),
+]
+
+
+# -- rows from spans ----------------------------------------------------------------------
+
+
+def span_attributes(record: SpecDecodeAcceptanceRecord, outcome: str) -> dict[str, Any]:
+    """What the instrumentation puts on a call's span (telemetry's own mapping)."""
+    return {
+        **record_attributes(record, per_step_max_length=1024),
+        "spec_decode.outcome": outcome,
+        "gen_ai.request.model": "m",
+        "gen_ai.usage.output_tokens": record.completion_tokens,
+        "server.address": "10.0.0.7",
+        "server.port": 8000,
+    }
+
+
+@pytest.mark.parametrize("record", [VLLM_A, VLLM_B, LLAMACPP, TRTLLM], ids=lambda r: r.engine)
+def test_a_span_gives_back_its_record(record: SpecDecodeAcceptanceRecord) -> None:
+    outcome = "partial" if record.is_partial else "recorded"
+    attrs = {k: v for k, v in span_attributes(record, outcome).items() if v is not None}
+    row = row_for_span(attrs, trace_id=0xABC, span_id=0x12)
+    assert row == {
+        "model": "m",
+        "server": "10.0.0.7:8000",
+        "outcome": outcome,
+        "engine": record.engine,
+        "trace_id": f"{0xABC:032x}",
+        "span_id": f"{0x12:016x}",
+        "record": record.model_dump(mode="json"),
+    }
+    # The JSON line reads back as the same record.
+    ((row_back,), problems) = read_rows([json.dumps(row)])
+    assert problems == [] and row_back.record == record
+
+
+def test_a_call_without_record_is_a_row_and_other_spans_are_not() -> None:
+    attrs = {"spec_decode.outcome": "no_stats", "gen_ai.response.model": "served-name"}
+    assert row_for_span(attrs) == {
+        "model": "served-name",
+        "server": None,
+        "outcome": "no_stats",
+        "engine": None,
+        "trace_id": None,
+        "span_id": None,
+        "record": None,
+    }
+    assert row_for_span({"gen_ai.request.model": "m", "http.method": "POST"}) is None
+
+
+# -- reading ------------------------------------------------------------------------------
+
+
+def test_lines_that_are_not_rows_are_reported_by_number() -> None:
+    bad_record = json.loads(line("m", "recorded", VLLM_A))
+    bad_record["record"]["num_spec_steps"] = 3  # the histogram sums to 2
+    rows, problems = read_rows(
+        [
+            line("m", "recorded", VLLM_A),
+            "",
+            "not json",
+            json.dumps({**json.loads(line("m", "no_stats", None)), "outcome": "lost"}),
+            json.dumps(bad_record),
+            "[1, 2]",
+            line("m", "no_stats", None),
+        ]
+    )
+    assert [r.outcome for r in rows] == ["recorded", "no_stats"]
+    assert [p.split(":")[0] for p in problems] == ["line 3", "line 4", "line 5", "line 6"]
+    assert "unknown outcome 'lost'" in problems[1]
+    assert "not a JSON object" in problems[3]
+
+
+# -- the figures ----------------------------------------------------------------------------
+
+
+def test_every_figure_pools_the_records_that_report_it() -> None:
+    rows, problems = read_rows(LINES)
+    assert problems == []
+    summaries = summarize(rows)
+    assert [s.model for s in summaries] == ["m", "other", None]
+    m = summaries[0]
+    assert m.calls == 6
+    assert dict(m.outcomes) == {"recorded": 2, "no_stats": 2, "not_read_to_end": 1, "partial": 1}
+
+    vllm, llamacpp = m.engines["vllm"], m.engines["llamacpp"]
+    assert vllm.requests == 2 and vllm.num_spec_tokens == {4}
+    assert vllm.mean_acceptance_length == pytest.approx((2.0 + 3.5) / 2)
+    assert vllm.token_weighted_acceptance_length == pytest.approx(1 + 12 / 6)
+    assert vllm.draft_acceptance_rate == pytest.approx(12 / 24)
+    # (accepted + one bonus per step) / (drafted + one bonus per step)
+    assert vllm.accepted_per_verified == pytest.approx((12 + 6) / (24 + 6))
+    assert dict(vllm.histogram) == {0: 1, 1: 2, 2: 1, 4: 2}
+    # Of 6 steps: 5 accepted position 0, 3 position 1, 2 positions 2 and 3.
+    assert vllm.acceptance_at_position() == pytest.approx({0: 5 / 6, 1: 3 / 6, 2: 2 / 6, 3: 2 / 6})
+
+    assert llamacpp.requests == 1 and llamacpp.num_spec_tokens == set()
+    assert llamacpp.draft_acceptance_rate == pytest.approx(0.3)
+    assert llamacpp.mean_acceptance_length is None
+    assert llamacpp.token_weighted_acceptance_length is None
+    assert llamacpp.accepted_per_verified is None
+    assert llamacpp.acceptance_at_position() == {}
+
+    trtllm = summaries[1].engines["tensorrt_llm"]
+    assert trtllm.mean_acceptance_length == 2.5 and trtllm.draft_acceptance_rate is None
+    assert summaries[2].engines == {} and dict(summaries[2].outcomes) == {"error": 1}
+
+
+def test_json_and_text_say_the_same() -> None:
+    summaries = summarize(read_rows(LINES)[0])
+    data = to_json(summaries)
+    assert json.loads(json.dumps(data)) == data  # plain JSON types only
+    assert data["calls"] == 8
+    m = data["models"][0]
+    assert (m["model"], m["calls"]) == ("m", 6)
+    assert [e["engine"] for e in m["engines"]] == ["llamacpp", "vllm"]
+    vllm = m["engines"][1]
+    assert vllm["acceptance_histogram"] == {"0": 1, "1": 2, "2": 1, "4": 2}
+    assert vllm["acceptance_at_position"]["0"] == pytest.approx(5 / 6)
+    assert vllm["num_spec_tokens"] == [4]
+
+    text = render(summaries, "records.jsonl")
+    assert "per-request acceptance (from records.jsonl)" in text
+    assert "model m   engine vllm   k=4\n  requests                          2\n" in text
+    assert "  token-weighted acceptance length  3.000\n" in text
+    assert "  accepted per verified             0.600\n" in text
+    assert "  per-position acceptance           p0=0.83  p1=0.50  p2=0.33  p3=0.33\n" in text
+    assert "     4 | ############################## 2\n" in text
+    assert "     3 |                                0\n" in text
+    assert "model m   engine llamacpp   k=?\n" in text
+    assert "  mean acceptance length (per req)  n/a\n" in text
+    assert (
+        "calls to m: 6   no_stats 2 (33%), recorded 2 (33%), not_read_to_end 1 (17%), "
+        "partial 1 (17%)\n" in text
+    )
+    assert "calls to ?: 1   error 1 (100%)" in text
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def records_file(tmp_path: Path) -> Path:
+    path = tmp_path / "records.jsonl"
+    path.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    return path
+
+
+def test_summarize_prints_the_summary(
+    records_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_main(["summarize", str(records_file)]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == render(summarize(read_rows(LINES)[0]), str(records_file)).strip()
+
+
+def test_summarize_json(records_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with records_file.open("a", encoding="utf-8") as handle:
+        handle.write("garbage\n")
+    assert cli_main(["summarize", "--json", str(records_file)]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert data == {**to_json(summarize(read_rows(LINES)[0])), "skipped_lines": 1}
+    assert captured.err.strip() == (
+        f"spec-decode-otel summarize: {records_file}: line 9: "
+        "Expecting value: line 1 column 1 (char 0)"
+    )
+
+
+def test_summarize_an_unreadable_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["summarize", str(tmp_path / "missing.jsonl")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_summarize_needs_the_core_only(records_file: Path) -> None:
+    """The command runs with the OpenTelemetry SDK unimportable, and importing the
+    package loads neither the SDK nor the records processor."""
+    script = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.startswith(('opentelemetry.sdk', 'openai', 'fastapi')):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import spec_decode_otel\n"
+        "assert 'spec_decode_otel.records' not in sys.modules\n"
+        "from spec_decode_otel.cli import main\n"
+        "sys.exit(main(['summarize', '--json', sys.argv[1]]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(records_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["calls"] == len(LINES)

@@ -1,14 +1,26 @@
 """The engine-neutral view of one response body or one stream chunk.
 
-Adapters need three things from a response: the root-level fields an engine added
-(``metrics``, ``sglext``, ``timings``), the usage block, and each choice's added fields
-(``speculative_decoding_stats``, ``meta_info``, ...). ``ParsedResponse`` holds exactly
-those, built either from a raw JSON dict or from an ``openai`` SDK object.
+Adapters need four things from a response: the root-level fields an engine added
+(``metrics``, ``sglext``, ``timings``), the usage block, each choice's added fields
+(``speculative_decoding_stats``, ``meta_info``, ...), and sometimes the request the
+response answers. ``ParsedResponse`` holds exactly those, built either from a raw JSON
+dict or from an ``openai`` SDK object.
 
 For SDK objects it never calls ``model_dump``: the SDK builds its models without
 validation and keeps unknown keys as plain dicts/lists in ``model_extra``, so reading
 ``model_extra`` is both cheaper and closer to the wire than a dump (which would also
 copy the completion text we must never look at).
+
+Wire variants are folded in here, once, so no adapter has to know them:
+
+- Gateways: LiteLLM's proxy moves each choice's non-standard fields into
+  ``choices[i].provider_specific_fields``; the choice view puts them back beside the
+  choice's own fields (an own field wins unless it is null).
+- The Responses API: a ``Response`` (or the ``response`` carried by a
+  ``response.completed`` stream event) has no choices; its root fields (vLLM's
+  ``metrics``) and the event's own root fields (llama.cpp's ``timings``) make one root,
+  and its ``input_tokens``/``output_tokens`` are shown as ``prompt_tokens``/
+  ``completion_tokens``.
 """
 
 from __future__ import annotations
@@ -20,15 +32,25 @@ from typing import Any
 from spec_decode_otel.record import MAX_CHOICES
 
 _EMPTY: Mapping[str, Any] = {}
+#: Where LiteLLM's proxy puts the per-choice fields it does not know.
+PROVIDER_SPECIFIC_FIELDS = "provider_specific_fields"
+#: The usage counts adapters read, in Chat Completions names, and their Responses names.
+_USAGE_NAMES = (
+    ("prompt_tokens", "input_tokens"),
+    ("completion_tokens", "output_tokens"),
+    ("total_tokens", "total_tokens"),
+)
+_PREDICTION_COUNTS = ("accepted_prediction_tokens", "rejected_prediction_tokens")
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedResponse:
     """One response body or stream chunk, reduced to what adapters read.
 
-    ``root`` holds at least every non-standard root field (for a raw dict it is the dict
-    itself); ``choices`` holds, per choice, its non-standard fields plus ``index`` and
-    ``finish_reason``; ``usage`` is the usage block as a dict, or None when absent.
+    ``root`` holds at least every non-standard root field (for a raw chat or completion
+    dict it is the dict itself); ``choices`` holds, per choice, its non-standard fields
+    plus ``index`` and ``finish_reason``; ``usage`` is the usage block as a dict (with
+    ``completion_tokens_details`` when sent), or None when absent.
     """
 
     root: Mapping[str, Any]
@@ -38,35 +60,57 @@ class ParsedResponse:
     #: How many sequences this response shows: the largest choice index + 1, or the
     #: number of choices if larger (computed from ``choices`` when not given).
     choice_count: int = -1
+    #: The JSON body of the request this response answers, when known; None when it is
+    #: not (a saved response replayed without its request). Adapters must treat None as
+    #: "unknown", never as "empty".
+    request: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.choice_count < 0:
             object.__setattr__(self, "choice_count", _choice_count(self.choices, 0))
 
     @classmethod
-    def from_dict(cls, body: Mapping[str, Any]) -> ParsedResponse | None:
-        """From a decoded JSON body or chunk; None when it is not a JSON object."""
+    def from_dict(
+        cls, body: Mapping[str, Any], request: Mapping[str, Any] | None = None
+    ) -> ParsedResponse | None:
+        """From a decoded JSON body, chunk or Responses stream event; None when it is not
+        a JSON object."""
         if not isinstance(body, Mapping):
             return None
+        inner = body.get("response")
+        if isinstance(inner, Mapping) and isinstance(body.get("type"), str):
+            # A Responses stream event carrying the response (response.completed, ...).
+            root = {**inner, **{k: v for k, v in body.items() if k != "response"}}
+            return cls(root, (), _usage_dict(inner.get("usage")), 0, request)
         raw_choices = body.get("choices")
         choices: tuple[Mapping[str, Any], ...] = ()
         total = 0
         if isinstance(raw_choices, list):
             total = len(raw_choices)
-            choices = tuple(
-                c if isinstance(c, Mapping) else _EMPTY for c in raw_choices[:MAX_CHOICES]
-            )
-        usage = body.get("usage")
-        usage = usage if isinstance(usage, Mapping) else None
-        return cls(body, choices, usage, _choice_count(choices, total))
+            choices = tuple(_dict_choice_view(c) for c in raw_choices[:MAX_CHOICES])
+        return cls(
+            body, choices, _usage_dict(body.get("usage")), _choice_count(choices, total), request
+        )
 
     @classmethod
-    def from_sdk(cls, obj: Any) -> ParsedResponse:
-        """From an ``openai`` ChatCompletion, ChatCompletionChunk or Completion."""
+    def from_sdk(cls, obj: Any, request: Mapping[str, Any] | None = None) -> ParsedResponse:
+        """From an ``openai`` ChatCompletion, ChatCompletionChunk, Completion, Responses
+        ``Response`` or Responses stream event."""
+        root = getattr(obj, "model_extra", None) or _EMPTY
+        inner = getattr(obj, "response", None)
+        if inner is not None and hasattr(inner, "output"):
+            # A Responses stream event carrying the response: both roots count.
+            root = {**(getattr(inner, "model_extra", None) or _EMPTY), **root}
+            return cls(root, (), _usage_view(getattr(inner, "usage", None)), 0, request)
         raw_choices = getattr(obj, "choices", None) or ()
         choices = tuple(_choice_view(c) for c in raw_choices[:MAX_CHOICES])
-        root = getattr(obj, "model_extra", None) or _EMPTY
-        return cls(root, choices, _usage_view(obj), _choice_count(choices, len(raw_choices)))
+        return cls(
+            root,
+            choices,
+            _usage_view(getattr(obj, "usage", None)),
+            _choice_count(choices, len(raw_choices)),
+            request,
+        )
 
 
 def _choice_count(choices: tuple[Mapping[str, Any], ...], total: int) -> int:
@@ -78,21 +122,53 @@ def _choice_count(choices: tuple[Mapping[str, Any], ...], total: int) -> int:
     return top
 
 
+def _with_provider_fields(view: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The choice with LiteLLM's ``provider_specific_fields`` put back beside its own
+    fields (an own field wins unless it is null)."""
+    moved = view.get(PROVIDER_SPECIFIC_FIELDS)
+    if not isinstance(moved, Mapping) or not moved:
+        return view
+    return {**view, **{k: v for k, v in moved.items() if view.get(k) is None}}
+
+
+def _dict_choice_view(choice: Any) -> Mapping[str, Any]:
+    return _with_provider_fields(choice) if isinstance(choice, Mapping) else _EMPTY
+
+
 def _choice_view(choice: Any) -> Mapping[str, Any]:
     extra = getattr(choice, "model_extra", None)
     view = dict(extra) if extra else {}
     view["index"] = getattr(choice, "index", 0)
     view["finish_reason"] = getattr(choice, "finish_reason", None)
+    return _with_provider_fields(view)
+
+
+def _usage_dict(usage: Any) -> Mapping[str, Any] | None:
+    """A raw usage block; a Responses one also gets the Chat Completions count names."""
+    if not isinstance(usage, Mapping):
+        return None
+    if "completion_tokens" in usage or "output_tokens" not in usage:
+        return usage
+    view = dict(usage)
+    for ours, theirs in _USAGE_NAMES:
+        view.setdefault(ours, usage.get(theirs))
     return view
 
 
-def _usage_view(obj: Any) -> Mapping[str, Any] | None:
-    usage = getattr(obj, "usage", None)
+def _usage_view(usage: Any) -> Mapping[str, Any] | None:
+    """An SDK usage object (chat, completion or Responses) as a dict of what adapters read."""
     if usage is None:
         return None
     view: dict[str, Any] = dict(getattr(usage, "model_extra", None) or ())
-    for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
-        view[name] = getattr(usage, name, None)
+    for ours, theirs in _USAGE_NAMES:
+        value = getattr(usage, ours, None)
+        view[ours] = value if value is not None else getattr(usage, theirs, None)
+    details = getattr(usage, "completion_tokens_details", None)
+    if details is not None:
+        counts = dict(getattr(details, "model_extra", None) or ())
+        for name in _PREDICTION_COUNTS:
+            counts[name] = getattr(details, name, None)
+        view["completion_tokens_details"] = counts
     return view
 
 
@@ -110,4 +186,12 @@ def last_completion_tokens(responses: Sequence[ParsedResponse]) -> int | None:
             if type(tokens) is int and tokens >= 0:
                 return tokens
             return None
+    return None
+
+
+def request_of(responses: Sequence[ParsedResponse]) -> Mapping[str, Any] | None:
+    """The request body the responses answer, or None when it is not known."""
+    for response in responses:
+        if response.request is not None:
+            return response.request
     return None

@@ -34,6 +34,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="turn a saved response, chunk list, JSON lines or raw SSE into a record",
     )
     p_parse.add_argument("file", help="a file path, or - for standard input")
+    p_parse.add_argument(
+        "--request",
+        metavar="FILE",
+        help="the JSON request body the capture answers (needed to read usage-only counts)",
+    )
     add_summarize_arguments(
         sub.add_parser(
             "summarize",
@@ -54,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "parse":
         from spec_decode_otel.payloads import run_parse_command
 
-        return run_parse_command(args.file)
+        return run_parse_command(args.file, args.request)
     if args.command == "summarize":
         from spec_decode_otel.summary import run as run_summarize
 

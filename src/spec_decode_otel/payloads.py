@@ -22,8 +22,15 @@ from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 MAX_TEXT_BYTES = 64 * 1024 * 1024
 
 
-def record_from_json(body: Any) -> SpecDecodeAcceptanceRecord | None:
+def record_from_json(
+    body: Any, request: Mapping[str, Any] | None = None
+) -> SpecDecodeAcceptanceRecord | None:
     """The record for a decoded response body (dict) or stream (list of chunk dicts).
+
+    ``request`` is the JSON body of the request the payload answers, when known. Some
+    shapes are read only with it: ``usage.completion_tokens_details``' prediction-token
+    pair counts speculative decoding only when the request carried no ``prediction``
+    (otherwise it is OpenAI's Predicted Outputs), so without a request it is not read.
 
     Never raises: anything that is not a recognisable, self-consistent payload gives None.
     """
@@ -34,7 +41,11 @@ def record_from_json(body: Any) -> SpecDecodeAcceptanceRecord | None:
             chunks = body
         else:
             return None
-        responses = [p for p in map(ParsedResponse.from_dict, chunks) if p is not None]
+        if not isinstance(request, Mapping):
+            request = None
+        responses = [
+            p for p in (ParsedResponse.from_dict(c, request) for c in chunks) if p is not None
+        ]
         return detect(responses)
     except Exception:  # defensive: detect() already isolates adapters
         logger.debug("record_from_json failed", exc_info=True)
@@ -111,21 +122,37 @@ def _parse_sse(text: str) -> list[Any]:
     return payloads
 
 
-def record_from_text(text: str) -> SpecDecodeAcceptanceRecord | None:
-    """Decode ``text`` (any form :func:`parse_payloads` reads) and detect its record."""
+def record_from_text(
+    text: str, request: Mapping[str, Any] | None = None
+) -> SpecDecodeAcceptanceRecord | None:
+    """Decode ``text`` (any form :func:`parse_payloads` reads) and detect its record
+    (``request`` as in :func:`record_from_json`)."""
     payloads = parse_payloads(text)
-    return record_from_json(payloads[0] if len(payloads) == 1 else payloads)
+    return record_from_json(payloads[0] if len(payloads) == 1 else payloads, request)
 
 
-def run_parse_command(path: str) -> int:
-    """``spec-decode-otel parse FILE|-``: print the record as JSON (or ``null``)."""
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def run_parse_command(path: str, request_path: str | None = None) -> int:
+    """``spec-decode-otel parse FILE|- [--request FILE]``: print the record as JSON (or
+    ``null``). ``--request`` names the JSON request body the capture answers."""
+    request = None
+    if request_path is not None:
+        try:
+            request = json.loads(_read(request_path))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            print(f"spec-decode-otel parse: cannot read {request_path}: {exc}", file=sys.stderr)
+            return 2
+        if not isinstance(request, Mapping):
+            print(f"spec-decode-otel parse: {request_path} is not a JSON object", file=sys.stderr)
+            return 2
     try:
-        if path == "-":
-            text = sys.stdin.read()
-        else:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
-        record = record_from_text(text)
+        record = record_from_text(_read(path), request)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         print(f"spec-decode-otel parse: cannot read {path}: {exc}", file=sys.stderr)
         return 2

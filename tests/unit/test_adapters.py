@@ -483,7 +483,7 @@ def test_sglang_oldest_counts_without_histogram_give_a_partial_record():
     assert record is not None
     assert record.is_partial
     assert record.acceptance_histogram is None
-    assert record.num_spec_tokens is None
+    assert record.num_spec_tokens == K  # 42 drafted / 14 steps
     assert record.mean_acceptance_length == pytest.approx(MEAN)
     assert record.draft_acceptance_rate == pytest.approx(RATE)
 
@@ -519,7 +519,7 @@ def test_sglang_streaming_sglext_rides_its_own_empty_choices_chunk():
         {"spec_verify_ct": 14.0},
         {"spec_num_correct_drafts": -16},
         {"spec_correct_drafts_histogram": [5, 4, 3, "2"]},
-        {"spec_correct_drafts_histogram": []},
+        {"spec_correct_drafts_histogram": [5, 4, 3, 2, 0]},
         {"spec_num_correct_drafts": 15},
     ],
     ids=[
@@ -528,7 +528,7 @@ def test_sglang_streaming_sglext_rides_its_own_empty_choices_chunk():
         "float-steps",
         "negative",
         "bad-hist",
-        "empty-hist",
+        "hist-longer-than-k-plus-1",
         "inconsistent",
     ],
 )
@@ -621,7 +621,7 @@ def test_llamacpp_without_draft_rounds_gives_counts_and_rate_only():
     assert record.acceptance_histogram is None
 
 
-def test_llamacpp_with_draft_rounds_derives_the_mean():
+def test_mlx_vlm_draft_rounds_derive_the_mean():
     timings = {
         "draft_n": DRAFTED,
         "draft_n_accepted": ACCEPTED,
@@ -630,6 +630,8 @@ def test_llamacpp_with_draft_rounds_derives_the_mean():
     }
     record = record_from_json(body(timings=timings))
     assert record is not None
+    assert record.engine == "mlx_vlm"  # llama.cpp sends neither draft_rounds nor draft_kind
+    assert record.draft_method == "mtp"
     assert record.num_spec_steps == STEPS
     assert record.mean_acceptance_length == pytest.approx(MEAN)
 

@@ -116,14 +116,27 @@ def vllm_stats(c, *, detailed, by_length):
     return stats
 
 
+def sglang_drafted(c):
+    """SGLang 0.5.23 (tokenizer_manager.py): proposed = verify steps x (draft tokens - 1)."""
+    return c["steps"] * c["k"]
+
+
+def lazy_histogram(dense):
+    """SGLang 0.5.23 (schedule_batch.py) grows the histogram one bucket past the largest
+    acceptance seen, from []: no trailing zero buckets."""
+    last = max((j for j, n in enumerate(dense) if n), default=-1)
+    return list(dense[: last + 1])
+
+
 def sglang_details(c):
+    drafted = sglang_drafted(c)
     return {
-        "spec_accept_rate": c["rate"],
+        "spec_accept_rate": c["accepted"] / drafted if drafted else 0.0,
         "spec_accept_length": (c["steps"] + c["accepted"] + 1) / max(c["steps"], 1),
         "spec_num_correct_drafts": c["accepted"],
-        "spec_num_proposed_drafts": c["drafted"],
+        "spec_num_proposed_drafts": drafted,
         "spec_verify_ct": c["steps"],
-        "spec_correct_drafts_histogram": list(c["dense"]),
+        "spec_correct_drafts_histogram": lazy_histogram(c["dense"]),
         "spec_cap_length": 0.0,
         "spec_block_accept_length": 0.0,
         "spec_cap_lens_histogram": [],
@@ -243,13 +256,21 @@ def test_consistent_counts_in_any_engine_shape_give_the_generating_record(
     assert record.engine == ENGINE[shape]
     assert_invariants(record)
     assert record.acceptance_histogram == {j: n for j, n in enumerate(c["dense"]) if n}
+    sglang = shape.startswith("sglang")
+    drafted = sglang_drafted(c) if sglang else c["drafted"]
+    rate = c["accepted"] / drafted if drafted else 0.0
     assert record.num_spec_steps == c["steps"]
     assert record.num_accepted_draft_tokens == c["accepted"]
-    assert record.num_draft_tokens == c["drafted"]
+    assert record.num_draft_tokens == drafted
     assert record.completion_tokens == c["usage"]["completion_tokens"]
     assert math.isclose(record.mean_acceptance_length, c["mean"], rel_tol=1e-12)
-    assert math.isclose(record.draft_acceptance_rate, c["rate"], rel_tol=1e-12, abs_tol=1e-15)
-    expected_k = None if shape == "trtllm" and detailed else c["k"]
+    assert math.isclose(record.draft_acceptance_rate, rate, rel_tol=1e-12, abs_tol=1e-15)
+    if shape == "trtllm" and detailed:
+        expected_k = None
+    elif sglang:  # k = proposed / steps, unknown without a step
+        expected_k = c["k"] if c["steps"] else None
+    else:
+        expected_k = c["k"]
     assert record.num_spec_tokens == expected_k
     if shape.startswith("vllm") and detailed:
         assert record.per_step_accepted == c["per_acc"]
@@ -499,15 +520,20 @@ def corrupted_sglang(draw):
         )
     )
     if field == "spec_correct_drafts_histogram":
+        assume(c["steps"] > 0)  # (with no step the lazily grown histogram is [])
         orig = details[field]
         bad = draw(bad_dense(orig))
         assume(bad is not _REMOVED and bad is not None)  # absent histogram = older builds
-        if isinstance(bad, list) and len(bad) != len(orig):
-            # SGLang infers k from the length: a trailing zero bucket only changes that k.
-            assume((bad if len(bad) > len(orig) else orig)[-1] != 0)
+        assume(bad != [])  # [] with steps > 0 is SGLang's "no histogram": partial, valid
+        if isinstance(bad, list) and len(bad) > len(orig):
+            # The length is only a lower bound on k + 1: an extra zero bucket contradicts
+            # nothing until it passes k (= proposed / steps).
+            assume(bad[-1] != 0 or len(bad) > c["k"] + 1)
         details[field] = bad
     elif field == "inconsistent":
         target = draw(st.sampled_from(["spec_verify_ct", "spec_num_correct_drafts"]))
+        # (one more step beside an empty histogram is the "no histogram" case: valid)
+        assume(target != "spec_verify_ct" or c["steps"] > 0)
         details[target] += draw(st.integers(1, 5))
     else:
         bad = draw(bad_count(details[field]))

@@ -90,14 +90,20 @@ def warnings_log(caplog):
 
 def test_builtins_in_documented_order_without_plugins():
     assert reload_adapters() == BUILTIN_ADAPTERS
-    assert [a.engine for a in BUILTIN_ADAPTERS] == ["vllm", "sglang", "tensorrt_llm", "llamacpp"]
+    assert [a.engine for a in BUILTIN_ADAPTERS] == [
+        "vllm",
+        "sglang",
+        "tensorrt_llm",
+        "llamacpp",
+        "usage_details",
+    ]
     assert registered_adapters() is registered_adapters()  # discovered once, then cached
 
 
 def test_entry_point_plugin_is_listed_after_builtins_and_its_record_comes_out(install_plugins):
     adapters = install_plugins(acme=f"{MODULE}:AcmeAdapter")
-    assert adapters[:4] == BUILTIN_ADAPTERS
-    assert [a.engine for a in adapters[4:]] == ["acme"]
+    assert adapters[: len(BUILTIN_ADAPTERS)] == BUILTIN_ADAPTERS
+    assert [a.engine for a in adapters[len(BUILTIN_ADAPTERS) :]] == ["acme"]
     record = record_from_json(acme_body())
     assert record is not None
     assert record.engine == "acme"
@@ -108,11 +114,11 @@ def test_entry_point_plugin_is_listed_after_builtins_and_its_record_comes_out(in
 
 def test_plugins_are_ordered_by_entry_point_name(install_plugins):
     adapters = install_plugins(zz_acme=f"{MODULE}:AcmeAdapter", aa_twin=f"{MODULE}:AcmeTwinAdapter")
-    assert [a.engine for a in adapters[4:]] == ["acme_twin", "acme"]
+    assert [a.engine for a in adapters[len(BUILTIN_ADAPTERS) :]] == ["acme_twin", "acme"]
 
 
 def test_reload_without_the_distribution_on_sys_path_drops_the_plugin(install_plugins, tmp_path):
-    assert len(install_plugins(acme=f"{MODULE}:AcmeAdapter")) == 5
+    assert len(install_plugins(acme=f"{MODULE}:AcmeAdapter")) == len(BUILTIN_ADAPTERS) + 1
     sys.path.remove(str(tmp_path))
     importlib.invalidate_caches()
     assert reload_adapters() == BUILTIN_ADAPTERS
@@ -200,7 +206,7 @@ def test_plugin_whose_entry_point_fails_to_import_is_ignored(install_plugins, wa
         acme=f"{MODULE}:AcmeAdapter",
         notanadapter=f"{MODULE}:NotAnAdapter",
     )
-    assert [a.engine for a in adapters[4:]] == ["acme"]
+    assert [a.engine for a in adapters[len(BUILTIN_ADAPTERS) :]] == ["acme"]
     assert record_from_json(acme_body()).engine == "acme"
     assert record_from_json(vllm_body()).engine == "vllm"
     logged = " ".join(warnings_log())

@@ -4,7 +4,12 @@ Two paths per vector: the decoded JSON through ``record_from_json`` (what ``pars
 log replay use), and ``openai`` SDK objects built the way the SDK builds a response it
 received (``openai._models.construct_type``, no validation, unknown keys kept in
 ``model_extra``) through ``ParsedResponse.from_sdk`` and ``detect`` (what the client
-wrapper uses). Both must match ``expected_record``: floats to 1e-9, all else exact.
+wrapper uses). Both get the vector's ``request`` body, as the wrapper does. Both must
+match ``expected_record``: floats to 1e-9, all else exact.
+
+Chat and completion bodies become ``ChatCompletion``/``ChatCompletionChunk``; Responses
+API bodies (``"object": "response"``) a ``Response``, and their stream events (a
+``type``) ``ResponseStreamEvent``s.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 import pytest
 from openai._models import construct_type
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.responses import Response, ResponseStreamEvent
 
 from record_json import dump_like
 from spec_decode_otel import SpecDecodeAcceptanceRecord, record_from_json
@@ -37,12 +43,21 @@ def _payload(vector: dict):
     return vector["response"] if "response" in vector else vector["chunks"]
 
 
+def _sdk_type(body: dict, chunk: bool) -> type:
+    if "type" in body:
+        return ResponseStreamEvent
+    if body.get("object") == "response":
+        return Response
+    return ChatCompletionChunk if chunk else ChatCompletion
+
+
 def _sdk_objects(vector: dict) -> list:
     """SDK models built exactly as the SDK builds received JSON (no validation)."""
     if "response" in vector:
-        return [construct_type(type_=ChatCompletion, value=copy.deepcopy(vector["response"]))]
+        body = copy.deepcopy(vector["response"])
+        return [construct_type(type_=_sdk_type(body, False), value=body)]
     return [
-        construct_type(type_=ChatCompletionChunk, value=c) for c in copy.deepcopy(vector["chunks"])
+        construct_type(type_=_sdk_type(c, True), value=c) for c in copy.deepcopy(vector["chunks"])
     ]
 
 
@@ -63,22 +78,25 @@ def assert_matches_expected(record: SpecDecodeAcceptanceRecord | None, expected:
 
 def test_the_vector_directory_holds_every_wire_example():
     # An empty or half-copied directory must fail loudly, not parametrize to nothing.
-    assert len(VECTOR_FILES) >= 13
+    assert len(VECTOR_FILES) >= 27
     names = {p.stem for p in VECTOR_FILES}
     assert {"vllm_merged_summary_chat", "vllm_premerge_stream", "sglang_sglext_chat"} <= names
+    assert {"sglang_lazy_histogram", "llamacpp_responses_stream", "litellm_proxy_trtllm"} <= names
 
 
 @pytest.mark.parametrize("path", VECTOR_FILES, ids=lambda p: p.stem)
 def test_vector_from_decoded_json_gives_expected_record(path: Path):
     vector = _load(path)
-    assert_matches_expected(record_from_json(_payload(vector)), vector["expected_record"])
+    record = record_from_json(_payload(vector), vector.get("request"))
+    assert_matches_expected(record, vector["expected_record"])
 
 
 @pytest.mark.parametrize("path", VECTOR_FILES, ids=lambda p: p.stem)
 def test_vector_from_openai_sdk_objects_gives_expected_record(path: Path):
     vector = _load(path)
     objects = _sdk_objects(vector)
-    record = detect([ParsedResponse.from_sdk(obj) for obj in objects])
+    request = vector.get("request")
+    record = detect([ParsedResponse.from_sdk(obj, request) for obj in objects])
     assert_matches_expected(record, vector["expected_record"])
 
 

@@ -19,6 +19,7 @@ from spec_decode_otel.adapters.registry import (
 )
 from spec_decode_otel.adapters.sglang import SglangAdapter
 from spec_decode_otel.adapters.trtllm import TensorRtLlmAdapter
+from spec_decode_otel.adapters.usage_details import UsageDetailsAdapter
 from spec_decode_otel.adapters.vllm import VllmAdapter
 from spec_decode_otel.capture import ParsedResponse
 
@@ -32,6 +33,7 @@ __all__ = [
     "SglangAdapter",
     "SpecDecodeAdapter",
     "TensorRtLlmAdapter",
+    "UsageDetailsAdapter",
     "VllmAdapter",
     "detect",
     "detect_outcome",

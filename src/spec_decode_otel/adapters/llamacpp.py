@@ -1,9 +1,15 @@
-"""llama.cpp server (and mlx-vlm, mlxcel): root ``timings`` draft counters.
+"""The ``timings`` family: llama.cpp server, mlx-vlm (and servers that copy them).
 
-``draft_n`` (drafted) and ``draft_n_accepted`` (accepted) appear only when something was
-drafted; mlx-vlm/mlxcel add ``draft_rounds`` (verify steps). There is no histogram on the
-wire and none is synthesized: without rounds the record has no steps and no mean
-acceptance length, only the counts and the rate they define.
+Root ``timings`` carries ``draft_n`` (drafted) and ``draft_n_accepted`` (accepted) when
+something was drafted. There is no histogram on the wire and none is synthesized.
+
+Which engine sent it is told by two fields only mlx-vlm has (0.7.10): ``draft_rounds``
+(verify steps) and ``draft_kind`` (the drafter, e.g. ``eagle3``, ``mtp``, ``dflash``).
+llama.cpp's server (``server_slot_stats::to_json``) sends neither. So a ``timings`` with
+either field is labelled ``mlx_vlm`` (mlxcel, which copies mlx-vlm's fields, reads the
+same), anything else ``llamacpp``. ``draft_kind`` becomes the record's ``draft_method``;
+``draft_rounds`` gives steps and the mean acceptance length. Without rounds the record
+has no steps and no mean, only the counts and the rate they define.
 """
 
 from __future__ import annotations
@@ -17,8 +23,12 @@ from spec_decode_otel.adapters._fields import (
     derived_rate,
     exact_int,
 )
+from spec_decode_otel.adapters.protocol import InvalidPayload
 from spec_decode_otel.capture import ParsedResponse
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
+
+#: Fields mlx-vlm adds to llama.cpp's ``timings``.
+MLX_VLM_FIELDS = ("draft_rounds", "draft_kind")
 
 
 def _draft_timings(response: ParsedResponse) -> Mapping[str, Any] | None:
@@ -30,7 +40,7 @@ def _draft_timings(response: ParsedResponse) -> Mapping[str, Any] | None:
 
 
 class LlamaCppAdapter:
-    """Maps llama.cpp-style ``timings`` draft counters."""
+    """Maps llama.cpp-style ``timings`` draft counters (llama.cpp and mlx-vlm)."""
 
     engine: ClassVar[str] = "llamacpp"
 
@@ -52,9 +62,14 @@ class LlamaCppAdapter:
             rounds = exact_int(timings["draft_rounds"])
             if rounds is None:
                 return None
+        method = timings.get("draft_kind")
+        if method is not None and not isinstance(method, str):
+            raise InvalidPayload("mlx_vlm payload: draft_kind is not a string")
+        mlx_vlm = any(name in timings for name in MLX_VLM_FIELDS)
         return build_record(
-            cls.engine,
+            "mlx_vlm" if mlx_vlm else cls.engine,
             responses,
+            draft_method=method or None,
             mean_acceptance_length=derived_mean_acceptance_length(accepted, rounds),
             draft_acceptance_rate=derived_rate(accepted, drafted),
             num_accepted_draft_tokens=accepted,

@@ -34,6 +34,14 @@ class SpecDecodeAdapter(Protocol):
     ``request_fields`` (optional) names the request-body fields that switch the engine's
     stats on, e.g. SGLang's ``return_spec_tokens_details``. The user opts in per engine
     with ``request_engine_stats``; fields the user set are never overwritten.
+
+    ``fallback`` (optional, default False): a fallback adapter is asked only when no
+    other adapter claims the response (for shapes that another engine's own stats
+    supersede, like counts a gateway copied into ``usage``).
+
+    An adapter whose reading depends on the request (e.g. to tell speculative decoding
+    from OpenAI's Predicted Outputs) finds the request body in
+    ``ParsedResponse.request``, which is None when the request is not known.
     """
 
     engine: ClassVar[str]

@@ -1,10 +1,15 @@
 """Detection: which adapter, if any, owns a request's responses, and the outcome.
 
 Order is deterministic and documented: the built-ins ``vllm``, ``sglang``,
-``tensorrt_llm``, ``llamacpp``, then third-party adapters from the entry-point group
-``spec_decode_otel.adapters`` sorted by entry-point name. Order matters only for
-logging, because the rule is exclusive: exactly one adapter may claim a response;
-two claims yield no record (outcome ``ambiguous``) rather than a guess.
+``tensorrt_llm``, ``llamacpp``, ``usage_details``, then third-party adapters from the
+entry-point group ``spec_decode_otel.adapters`` sorted by entry-point name. Order
+matters only for logging, because the rule is exclusive: exactly one adapter may claim
+a response; two claims yield no record (outcome ``ambiguous``) rather than a guess.
+
+Fallback adapters (an optional class attribute ``fallback = True``, e.g. the built-in
+``usage_details``, which reads counts a gateway put in ``usage``) are asked only when
+no other adapter claims the response, so a body that carries an engine's own stats is
+read from those.
 
 An adapter that raises anything but :class:`InvalidPayload` — from ``can_adapt``,
 ``adapt`` or at load time — is isolated: it counts as not claiming for that call, the
@@ -25,6 +30,7 @@ from spec_decode_otel.adapters.llamacpp import LlamaCppAdapter
 from spec_decode_otel.adapters.protocol import InvalidPayload, SpecDecodeAdapter
 from spec_decode_otel.adapters.sglang import SglangAdapter
 from spec_decode_otel.adapters.trtllm import TensorRtLlmAdapter
+from spec_decode_otel.adapters.usage_details import UsageDetailsAdapter
 from spec_decode_otel.adapters.vllm import VllmAdapter
 from spec_decode_otel.capture import ParsedResponse, is_multi_sequence
 from spec_decode_otel.outcome import Outcome
@@ -37,6 +43,7 @@ BUILTIN_ADAPTERS: tuple[type[SpecDecodeAdapter], ...] = (
     SglangAdapter,
     TensorRtLlmAdapter,
     LlamaCppAdapter,
+    UsageDetailsAdapter,
 )
 
 _lock = threading.Lock()
@@ -113,19 +120,34 @@ def reload_adapters() -> tuple[type[SpecDecodeAdapter], ...]:
     return registered_adapters()
 
 
+def is_fallback(adapter: object) -> bool:
+    """True for an adapter asked only when no other claims the response."""
+    return getattr(adapter, "fallback", False) is True
+
+
+def _claimants(
+    adapters: Sequence[type[SpecDecodeAdapter]], responses: Sequence[ParsedResponse]
+) -> list[type[SpecDecodeAdapter]]:
+    claimants = []
+    for adapter in adapters:
+        try:
+            if adapter.can_adapt(responses):
+                claimants.append(adapter)
+        except Exception:
+            _report_failure(adapter, "can_adapt")
+    return claimants
+
+
 def detect_outcome(responses: Sequence[ParsedResponse]) -> Detection:
     """The record for one request's responses and the outcome. Never raises."""
     if not responses:
         return Detection(None, Outcome.NO_STATS)
     if is_multi_sequence(responses):
         return Detection(None, Outcome.MULTI_SEQUENCE)
-    claimants = []
-    for adapter in registered_adapters():
-        try:
-            if adapter.can_adapt(responses):
-                claimants.append(adapter)
-        except Exception:
-            _report_failure(adapter, "can_adapt")
+    adapters = registered_adapters()
+    claimants = _claimants([a for a in adapters if not is_fallback(a)], responses)
+    if not claimants:
+        claimants = _claimants([a for a in adapters if is_fallback(a)], responses)
     if not claimants:
         return Detection(None, Outcome.NO_STATS)
     if len(claimants) > 1:

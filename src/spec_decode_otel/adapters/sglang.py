@@ -1,9 +1,21 @@
-"""SGLang: ``sglext.spec_tokens_details`` (root) or per-choice ``meta_info``.
+"""SGLang (and TokenSpeed): ``sglext.spec_tokens_details`` (root) or per-choice ``meta_info``.
 
 SGLang renamed its counters across releases, so each count is read through its aliases,
 newest first. Its ``spec_accept_length`` counts the prefill token (completion tokens /
 verify steps), which is not the record's definition, so the mean acceptance length is
 always derived from the counts instead of taken verbatim; the rate likewise.
+
+Draft length k (SGLang 0.5.23): the histogram grows lazily, one bucket past the largest
+acceptance seen in the request, so its length says nothing about k. SGLang computes
+``spec_num_proposed_drafts = spec_verify_ct * (speculative_num_draft_tokens - 1)``, so k
+is that quotient when it divides exactly (with EAGLE top-k > 1 it is the tree size minus
+one: an upper bound on any step's acceptance, which is all the record needs), and
+unknown otherwise. A histogram longer than k + 1 contradicts k. A missing histogram is
+sent as ``[]``: with steps > 0 that means "no histogram", and the record is partial.
+
+TokenSpeed (SGLang-derived, PR lightseekorg/tokenspeed#1443) sends ``spec_verify_ct``,
+``spec_accepted_tokens`` (bonus excluded, as in SGLang) and ``spec_draft_tokens`` in
+``meta_info``; its records say ``engine="tokenspeed"``.
 """
 
 from __future__ import annotations
@@ -24,11 +36,23 @@ from spec_decode_otel.adapters._fields import (
 )
 from spec_decode_otel.adapters.protocol import InvalidPayload
 from spec_decode_otel.capture import ParsedResponse
-from spec_decode_otel.record import SpecDecodeAcceptanceRecord
+from spec_decode_otel.record import MAX_SPEC_TOKENS, SpecDecodeAcceptanceRecord
 
 _STEPS = ("spec_verify_ct",)
-_ACCEPTED = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
-_DRAFTED = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")
+_TOKENSPEED_ACCEPTED = "spec_accepted_tokens"
+_TOKENSPEED_DRAFTED = "spec_draft_tokens"
+_ACCEPTED = (
+    "spec_num_correct_drafts",
+    "spec_accepted_drafts",
+    "spec_accept_token_num",
+    _TOKENSPEED_ACCEPTED,
+)
+_DRAFTED = (
+    "spec_num_proposed_drafts",
+    "spec_proposed_drafts",
+    "spec_draft_token_num",
+    _TOKENSPEED_DRAFTED,
+)
 _HISTOGRAM = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 _FLOATS = ("spec_accept_rate", "spec_accept_length")
 _SIGNATURE = _STEPS + _ACCEPTED + _DRAFTED + _HISTOGRAM
@@ -42,6 +66,14 @@ def _sglext_details(response: ParsedResponse) -> Any:
 def _meta_has_spec(choice: Mapping[str, Any]) -> bool:
     meta = choice.get("meta_info")
     return isinstance(meta, Mapping) and any(name in meta for name in _SIGNATURE)
+
+
+def draft_length(steps: int | None, drafted: int | None) -> int | None:
+    """k = drafted / steps when it divides exactly and is within bounds, else unknown."""
+    if not steps or drafted is None or drafted % steps:
+        return None
+    k = drafted // steps
+    return k if k <= MAX_SPEC_TOKENS else None
 
 
 class SglangAdapter:
@@ -84,17 +116,22 @@ class SglangAdapter:
             # string where the engine sends a number means the payload is corrupt.
             if name in details and finite_number(details[name]) is None:
                 return None
+        k = draft_length(steps, drafted)
         raw_hist = first_present(details, *_HISTOGRAM)
         hist = None
-        k = None
         if raw_hist is not None:
             hist = dense_histogram(raw_hist)
-            if hist is None or not raw_hist:
+            if hist is None:
                 return None
-            # SGLang's dense histogram has one bucket per possible accepted count, 0..k.
-            k = len(raw_hist) - 1
+            if not raw_hist and steps:
+                hist = None  # SGLang's filler for a histogram it did not keep
+            elif k is not None and len(raw_hist) > k + 1:
+                raise InvalidPayload("sglang payload: histogram longer than k + 1")
+        tokenspeed = _TOKENSPEED_ACCEPTED in details and not any(
+            name in details for name in _ACCEPTED[:-1]
+        )
         return build_record(
-            cls.engine,
+            "tokenspeed" if tokenspeed else cls.engine,
             responses,
             mean_acceptance_length=derived_mean_acceptance_length(accepted, steps),
             draft_acceptance_rate=derived_rate(accepted, drafted),
@@ -106,7 +143,7 @@ class SglangAdapter:
         )
 
     @staticmethod
-    def _last_details(responses: Sequence[ParsedResponse]) -> Any:
+    def _last_details(responses: Sequence[ParsedResponse]) -> Mapping[str, Any] | None:
         for response in reversed(responses):
             details = _sglext_details(response)
             if isinstance(details, list):

@@ -1,15 +1,15 @@
 """The ASGI app: an OpenAI-compatible server that speaks every engine's stats shape.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
-``GET /health``, ``GET /metrics`` (the server-side counters, see ``server_metrics.py``).
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``
+(the Responses API), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (the
+server-side counters, see ``server_metrics.py``).
 One request is planned in full before a byte is sent (see ``plan.py``);
 this module only renders the plan as a JSON body or an SSE stream in the shape of the
 engine chosen for the request, and applies the requested faults.
 
 Per-request headers:
 
-- ``x-spec-decode-engine``: vllm | vllm-premerge | sglang | trtllm | trtllm-released |
-  llamacpp | none (default: the server's ``engine``)
+- ``x-spec-decode-engine``: one of ``config.ENGINES`` (default: the server's ``engine``)
 - ``x-spec-decode-level``: none | summary | detailed (vLLM shapes and TRT-LLM)
 - ``x-sim-draft-schedule``: e.g. ``2,4,4,6`` (draft length per verify step, cycled)
 - ``x-sim-seed``: makes the request's sample depend on this seed alone
@@ -90,6 +90,17 @@ class CompletionRequest(_CommonRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
 
 
+class ResponsesRequest(_CommonRequest):
+    input: str | list[dict[str, Any]]
+    max_output_tokens: int | None = Field(None, ge=1)
+
+
+#: Engines answering with SGLang's field family (``sglext``, ``meta_info``).
+SGLANG_FAMILY = frozenset({"sglang", "sglang-no-histogram", "tokenspeed"})
+#: Engines answering with llama.cpp's root ``timings``.
+TIMINGS_FAMILY = frozenset({"llamacpp", "mlx-vlm"})
+
+
 class SimulatorError(Exception):
     """An OpenAI-style error answer (status, message, type, code)."""
 
@@ -118,7 +129,7 @@ def error_body(message: str, type_: str, code: str | int | None, param: str | No
 class RequestPlan:
     """Everything needed to render one response, decided before anything is sent."""
 
-    kind: Literal["chat", "completion"]
+    kind: Literal["chat", "completion", "responses"]
     engine: str
     level: str
     profile: AcceptanceProfile
@@ -131,7 +142,6 @@ class RequestPlan:
     include_usage: bool
     sglang_details: bool
     sglang_meta: bool
-    llamacpp_rounds: bool
     faults: frozenset[str] = field(default_factory=frozenset)
 
     @property
@@ -148,11 +158,15 @@ class RequestPlan:
 
     def usage(self) -> JSON:
         completion = sum(c.completion_tokens for c in self.choices)
-        return {
+        usage: JSON = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
         }
+        if self.engine == "smg" and self.single:
+            details = shapes.smg_completion_tokens_details(self.choices[0].generation)
+            usage["completion_tokens_details"] = details
+        return usage
 
     def header(self) -> JSON:
         return {
@@ -165,14 +179,10 @@ class RequestPlan:
     # --- engine payloads (fresh objects each call, so faults never leak between uses) --
 
     def vllm_metrics(self) -> JSON | None:
-        """Root ``metrics`` for the merged vLLM shape; no spec key at level none."""
-        if self.engine != "vllm":
+        """Root ``metrics`` for the merged vLLM shape; no spec key at level none. For
+        n > 1 (or several prompts) vLLM 0.33.0 nulls the whole object."""
+        if self.engine != "vllm" or not self.single:
             return None
-        if not self.single:
-            return {
-                "time_to_first_token_ms": round(12.0 + 0.02 * self.prompt_tokens, 3),
-                "speculative_decoding": None,
-            }
         gen = self.choices[0].generation
         out = shapes.vllm_timing_metrics(gen, self.prompt_tokens)
         if self.level != "none":
@@ -200,11 +210,11 @@ class RequestPlan:
         return F.corrupt_avg_decoded(shapes.trtllm_avg_decoded(steps, accepted), self.faults)
 
     def sglext(self) -> JSON | None:
-        if not self.sglang_details:
+        if not self.sglang_details or self.engine not in ("sglang", "sglang-no-histogram"):
             return None
         details = []
         for c in self.choices:
-            d = shapes.sglang_details(c.generation, self.profile)
+            d = shapes.sglang_details(c.generation, self.profile, histogram=self.engine == "sglang")
             F.corrupt_stats(d, "sglang", self.faults)
             details.append(d)
         return {"spec_tokens_details": details[0] if self.single else details}
@@ -216,13 +226,14 @@ class RequestPlan:
             self.request_id,
             choice.finish_reason,
             self.prompt_tokens,
+            self.engine,
         )
         F.corrupt_stats(meta, "sglang", self.faults)
         return meta
 
     def llamacpp_timings(self) -> JSON:
         timings = shapes.llamacpp_timings(
-            self.choices[0].generation, self.prompt_tokens, self.llamacpp_rounds
+            self.choices[0].generation, self.prompt_tokens, mlx_vlm=self.engine == "mlx-vlm"
         )
         F.corrupt_llamacpp(timings, self.faults)
         return timings
@@ -243,7 +254,7 @@ class RequestPlan:
                 stats = self.trtllm_stats(choice)
                 if stats is not None:
                     out["speculative_decoding"] = stats
-        elif self.engine == "sglang" and self.sglang_meta:
+        elif self.engine in SGLANG_FAMILY and self.sglang_meta:
             out["meta_info"] = self.meta_info(choice)
         return out
 
@@ -281,11 +292,11 @@ class RequestPlan:
     def _root_extras(self, out: JSON) -> None:
         if self.engine == "vllm":
             out["metrics"] = self.vllm_metrics()
-        elif self.engine == "sglang":
+        elif self.engine in SGLANG_FAMILY:
             ext = self.sglext()
             if ext is not None:
                 out["sglext"] = ext
-        elif self.engine == "llamacpp":
+        elif self.engine in TIMINGS_FAMILY:
             out["timings"] = self.llamacpp_timings()
 
     # --- streaming ----------------------------------------------------------------------
@@ -340,14 +351,14 @@ class RequestPlan:
                 stats = self.trtllm_stats(c)
                 if stats is not None:
                     choice["speculative_decoding"] = stats
-            elif self.engine == "sglang" and self.sglang_meta:
+            elif self.engine in SGLANG_FAMILY and self.sglang_meta:
                 choice["meta_info"] = self.meta_info(c)
             chunk = self._chunk([choice])
             if self.engine == "llamacpp" and last_is_finish and pos == len(self.choices) - 1:
                 chunk["timings"] = self.llamacpp_timings()
             yield chunk
 
-        if self.engine == "sglang":
+        if self.engine in SGLANG_FAMILY:
             ext = self.sglext()
             if ext is not None:
                 yield {**self._chunk([]), "sglext": ext}
@@ -355,10 +366,114 @@ class RequestPlan:
         if self.include_usage:
             chunk = {**self._chunk([]), "usage": self.usage()}
             if self.engine == "vllm":
-                chunk["metrics"] = self.vllm_metrics()
-            elif self.engine == "llamacpp":
+                metrics = self.vllm_metrics()
+                if metrics is not None:  # the usage chunk is dumped with exclude_none
+                    chunk["metrics"] = metrics
+            elif self.engine in TIMINGS_FAMILY:
+                # (mlx-vlm sends its draft counters on this chunk only)
                 chunk["timings"] = self.llamacpp_timings()
             yield chunk
+
+    # --- the Responses API ----------------------------------------------------------------
+
+    def responses_body(self, status: str = "completed") -> JSON:
+        """A Responses API ``Response``. vLLM 0.33.0 adds root ``metrics`` with timing
+        fields only (``build_per_request_timing_metrics``: no spec-decode object);
+        llama.cpp (b11312) adds nothing to a non-streamed one."""
+        c = self.choices[0]
+        usage = self.usage()
+        out: JSON = {
+            "id": self.request_id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "model": self.model,
+            "output": [self._output_item(c.text, status)],
+            "usage": {
+                "input_tokens": usage["prompt_tokens"],
+                "output_tokens": usage["completion_tokens"],
+                "total_tokens": usage["total_tokens"],
+            },
+        }
+        if self.engine == "vllm":
+            out["metrics"] = {
+                **shapes.vllm_timing_metrics(c.generation, self.prompt_tokens),
+                "speculative_decoding": None,
+            }
+        return out
+
+    def _output_item(self, text: str, status: str) -> JSON:
+        return {
+            "id": "msg_" + self.request_id.removeprefix("resp_"),
+            "type": "message",
+            "role": "assistant",
+            "status": status,
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+
+    def responses_events(self) -> Iterator[JSON]:
+        """A Responses API stream: created, in progress, one text delta per verify step,
+        the done events, then ``response.completed`` with the whole response. llama.cpp
+        (b11312, PR ggml-org/llama.cpp#25348) puts root ``timings`` on that last event,
+        beside ``response``, and numbers no event; vLLM numbers them all."""
+        numbered = self.engine not in TIMINGS_FAMILY
+        item_id = self._output_item("", "in_progress")["id"]
+        pending = {**self.responses_body("in_progress"), "output": []}
+        pending.pop("usage")
+        events: list[JSON] = [
+            {"type": "response.created", "response": pending},
+            {"type": "response.in_progress", "response": pending},
+            {
+                "type": "response.output_item.added",
+                "output_index": 0,
+                "item": {**self._output_item("", "in_progress"), "content": []},
+            },
+            {
+                "type": "response.content_part.added",
+                "item_id": item_id,
+                "output_index": 0,
+                "content_index": 0,
+                "part": {"type": "output_text", "text": "", "annotations": []},
+            },
+        ]
+        c = self.choices[0]
+        for piece in c.pieces:
+            if piece:
+                events.append(
+                    {
+                        "type": "response.output_text.delta",
+                        "item_id": item_id,
+                        "output_index": 0,
+                        "content_index": 0,
+                        "delta": piece,
+                    }
+                )
+        done = self._output_item(c.text, "completed")
+        completed: JSON = {"type": "response.completed", "response": self.responses_body()}
+        if self.engine in TIMINGS_FAMILY:
+            completed["timings"] = self.llamacpp_timings()
+        events += [
+            {
+                "type": "response.output_text.done",
+                "item_id": item_id,
+                "output_index": 0,
+                "content_index": 0,
+                "text": c.text,
+            },
+            {
+                "type": "response.content_part.done",
+                "item_id": item_id,
+                "output_index": 0,
+                "content_index": 0,
+                "part": done["content"][0],
+            },
+            {"type": "response.output_item.done", "output_index": 0, "item": done},
+            completed,
+        ]
+        for number, event in enumerate(events):
+            if numbered:
+                event["sequence_number"] = number
+            yield event
 
 
 class Simulator:
@@ -369,7 +484,10 @@ class Simulator:
         self._counter = itertools.count()
 
     def plan(
-        self, kind: Literal["chat", "completion"], req: _CommonRequest, request: Request
+        self,
+        kind: Literal["chat", "completion", "responses"],
+        req: _CommonRequest,
+        request: Request,
     ) -> RequestPlan:
         cfg = self.config
         headers = request.headers
@@ -400,13 +518,17 @@ class Simulator:
             assert isinstance(req, ChatCompletionRequest)
             prompts: list[object] = [req.messages]
             max_tokens = req.max_completion_tokens or req.max_tokens
+        elif kind == "responses":
+            assert isinstance(req, ResponsesRequest)
+            prompts = [req.input]
+            max_tokens = req.max_output_tokens
         else:
             assert isinstance(req, CompletionRequest)
             p = req.prompt
             multi = isinstance(p, list) and len(p) > 0 and not isinstance(p[0], int)
             prompts = list(p) if multi else [p]
             max_tokens = req.max_tokens
-        if engine == "llamacpp" and (req.n != 1 or len(prompts) != 1):
+        if engine in TIMINGS_FAMILY and (req.n != 1 or len(prompts) != 1):
             raise SimulatorError(
                 400, "Only one completion choice is allowed", "invalid_request_error", None
             )
@@ -425,7 +547,7 @@ class Simulator:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         if cfg.force_include_usage and engine in ("vllm", "vllm-premerge"):
             include_usage = True
-        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+        prefix = {"chat": "chatcmpl-", "completion": "cmpl-", "responses": "resp_"}[kind]
         return RequestPlan(
             kind=kind,
             engine=engine,
@@ -440,7 +562,6 @@ class Simulator:
             include_usage=include_usage,
             sglang_details=bool(req.return_spec_tokens_details),
             sglang_meta=bool(req.return_meta_info),
-            llamacpp_rounds=cfg.llamacpp_rounds,
             faults=faults,
         )
 
@@ -477,6 +598,16 @@ async def _sse(plan: RequestPlan, delay: float) -> AsyncIterator[bytes]:
     if "drop-mid-stream" in plan.faults:
         raise F.SimulatedDisconnect("drop-mid-stream")
     yield b"data: [DONE]\n\n"
+
+
+async def _responses_sse(plan: RequestPlan, delay: float) -> AsyncIterator[bytes]:
+    """A Responses API stream: ``event:`` and ``data:`` lines per event, no ``[DONE]``."""
+    for i, event in enumerate(plan.responses_events()):
+        if "drop-mid-stream" in plan.faults and i >= F.DROP_AFTER_CHUNKS:
+            raise F.SimulatedDisconnect("drop-mid-stream")
+        if delay and i:
+            await asyncio.sleep(delay)
+        yield f"event: {event['type']}\ndata: {dumps(event)}\n\n".encode()
 
 
 async def _truncated_body(body: bytes) -> AsyncIterator[bytes]:
@@ -526,7 +657,7 @@ def create_app(config: SimulatorConfig | None = None) -> FastAPI:
         return json_response({"object": "list", "data": data})
 
     async def serve(
-        kind: Literal["chat", "completion"], req: _CommonRequest, request: Request
+        kind: Literal["chat", "completion", "responses"], req: _CommonRequest, request: Request
     ) -> Response:
         try:
             faults = F.parse_faults(request.headers.get(HEADER_FAULT))
@@ -550,11 +681,11 @@ def create_app(config: SimulatorConfig | None = None) -> FastAPI:
         delay = _delay_seconds(request, faults, config)
         if req.stream:
             return StreamingResponse(
-                _sse(plan, delay),
+                _responses_sse(plan, delay) if kind == "responses" else _sse(plan, delay),
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache"},
             )
-        body = dumps(plan.response()).encode()
+        body = dumps(plan.responses_body() if kind == "responses" else plan.response()).encode()
         if delay:
             await asyncio.sleep(delay)
         if "drop-mid-stream" in faults:
@@ -572,5 +703,9 @@ def create_app(config: SimulatorConfig | None = None) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
         return await serve("completion", req, request)
+
+    @app.post("/v1/responses")
+    async def responses(req: ResponsesRequest, request: Request) -> Response:
+        return await serve("responses", req, request)
 
     return app

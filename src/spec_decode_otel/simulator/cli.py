@@ -83,11 +83,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="vLLM: always send the final usage chunk when streaming",
     )
-    parser.add_argument(
-        "--llamacpp-rounds",
-        action="store_true",
-        help="llamacpp: also send timings.draft_rounds (as mlx-vlm does)",
-    )
     parser.add_argument("--served-model", default="spec-sim", help="model name in /v1/models")
     parser.add_argument("--min-length", type=int, default=64, help="natural length, minimum")
     parser.add_argument("--max-length", type=int, default=256, help="natural length, maximum")
@@ -108,7 +103,6 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         draft_schedule=args.draft_schedule,
         seed=args.seed,
         force_include_usage=args.force_include_usage,
-        llamacpp_rounds=args.llamacpp_rounds,
         served_model=args.served_model,
         min_length=args.min_length,
         max_length=args.max_length,

@@ -8,16 +8,37 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from spec_decode_otel.simulator.acceptance import AcceptanceProfile
 
-Engine = Literal["vllm", "vllm-premerge", "sglang", "trtllm", "trtllm-released", "llamacpp", "none"]
+Engine = Literal[
+    "vllm",
+    "vllm-premerge",
+    "sglang",
+    "sglang-no-histogram",
+    "tokenspeed",
+    "smg",
+    "trtllm",
+    "trtllm-released",
+    "llamacpp",
+    "mlx-vlm",
+    "none",
+]
 Level = Literal["none", "summary", "detailed"]
 
+#: Every wire shape the simulator speaks (``--engine`` / ``x-spec-decode-engine``):
+#: ``sglang-no-histogram`` is SGLang with its histogram filled in as ``[]``,
+#: ``tokenspeed`` TokenSpeed's ``meta_info`` names, ``smg`` the smg gateway's
+#: prediction-token pair in ``usage``, ``mlx-vlm`` llama.cpp's ``timings`` with mlx-vlm's
+#: ``draft_rounds`` and ``draft_kind`` (streams: on the usage chunk only).
 ENGINES: tuple[str, ...] = (
     "vllm",
     "vllm-premerge",
     "sglang",
+    "sglang-no-histogram",
+    "tokenspeed",
+    "smg",
     "trtllm",
     "trtllm-released",
     "llamacpp",
+    "mlx-vlm",
     "none",
 )
 LEVELS: tuple[str, ...] = ("none", "summary", "detailed")
@@ -49,7 +70,6 @@ class SimulatorConfig(BaseModel):
     )
     seed: int = 0
     force_include_usage: bool = False
-    llamacpp_rounds: bool = False
     served_model: str = "spec-sim"
     min_length: int = Field(64, ge=1, description="natural completion length, lower bound")
     max_length: int = Field(256, ge=1, description="natural completion length, upper bound")

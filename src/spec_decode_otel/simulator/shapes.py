@@ -52,11 +52,21 @@ def vllm_premerge(gen: Generation, profile: AcceptanceProfile, level: str) -> JS
     return out
 
 
-def sglang_details(gen: Generation, profile: AcceptanceProfile) -> JSON:
-    """``sglext.spec_tokens_details`` / ``meta_info`` spec keys.
+def lazy_histogram(gen: Generation) -> list[int]:
+    """SGLang 0.5.23 (``schedule_batch.py``) grows the histogram from ``[]`` only as far as
+    the largest acceptance seen: one bucket past it, never to k + 1."""
+    largest = max(gen.per_step_accepted, default=-1)
+    return gen.histogram(largest + 1)
+
+
+def sglang_details(gen: Generation, profile: AcceptanceProfile, histogram: bool = True) -> JSON:
+    """``sglext.spec_tokens_details`` / ``meta_info`` spec keys (SGLang 0.5.23).
 
     SGLang's ``spec_accept_length`` is completion_tokens / verify steps (the prefill token
     counted), not vLLM's 1 + accepted/steps; a consumer must derive its own from counts.
+    ``spec_num_proposed_drafts`` is verify steps x draft length (``tokenizer_manager.py``
+    computes it from the config), and the histogram is grown lazily; without one
+    (``histogram=False``) SGLang fills the key with ``[]``.
     """
     steps = gen.num_spec_steps
     return {
@@ -65,18 +75,48 @@ def sglang_details(gen: Generation, profile: AcceptanceProfile) -> JSON:
         "spec_num_correct_drafts": gen.num_accepted_draft_tokens,
         "spec_num_proposed_drafts": gen.num_draft_tokens,
         "spec_verify_ct": steps,
-        "spec_correct_drafts_histogram": gen.histogram(profile.max_draft + 1),
+        "spec_correct_drafts_histogram": lazy_histogram(gen) if histogram else [],
         "spec_cap_length": 0.0,
         "spec_block_accept_length": 0.0,
         "spec_cap_lens_histogram": [],
     }
 
 
+def tokenspeed_spec(gen: Generation) -> JSON:
+    """TokenSpeed's ``meta_info`` spec keys (PR lightseekorg/tokenspeed#1443): accepted
+    drafts with the bonus token excluded (completion_tokens - 1 - verify steps), and
+    drafts proposed as verify steps x draft length."""
+    return {
+        "spec_verify_ct": gen.num_spec_steps,
+        "spec_accepted_tokens": gen.num_accepted_draft_tokens,
+        "spec_draft_tokens": gen.num_draft_tokens,
+    }
+
+
+def smg_completion_tokens_details(gen: Generation) -> JSON:
+    """The smg gateway's (PR smg-project/smg#2481) spec-decode counts in OpenAI's
+    Predicted Outputs fields: accepted drafts, and rejected = proposed - accepted."""
+    return {
+        "accepted_prediction_tokens": gen.num_accepted_draft_tokens,
+        "rejected_prediction_tokens": gen.num_draft_tokens - gen.num_accepted_draft_tokens,
+        "reasoning_tokens": 0,
+    }
+
+
 def sglang_meta_info(
-    gen: Generation, profile: AcceptanceProfile, request_id: str, finish: str, prompt: int
+    gen: Generation,
+    profile: AcceptanceProfile,
+    request_id: str,
+    finish: str,
+    prompt: int,
+    engine: str = "sglang",
 ) -> JSON:
-    """Per-choice ``meta_info`` (``return_meta_info: true``): bookkeeping plus spec keys."""
-    spec = sglang_details(gen, profile)
+    """Per-choice ``meta_info`` (``return_meta_info: true``): bookkeeping plus spec keys
+    (SGLang's names, or TokenSpeed's for ``engine="tokenspeed"``)."""
+    if engine == "tokenspeed":
+        spec = tokenspeed_spec(gen)
+    else:
+        spec = sglang_details(gen, profile, histogram=engine != "sglang-no-histogram")
     return {
         "id": request_id,
         "finish_reason": {"type": finish},
@@ -110,9 +150,14 @@ def trtllm_avg_decoded(steps: int, accepted: int) -> float:
     return (steps + accepted) / steps if steps else 1.0
 
 
-def llamacpp_timings(gen: Generation, prompt_tokens: int, rounds: bool) -> JSON:
-    """Root ``timings``; ``draft_n``/``draft_n_accepted`` only when something was drafted;
-    ``draft_rounds`` (verify steps, as mlx-vlm/mlxcel send) when ``rounds`` is set."""
+#: The drafter the simulated mlx-vlm names in ``timings.draft_kind``.
+MLX_VLM_DRAFT_KIND = "mtp"
+
+
+def llamacpp_timings(gen: Generation, prompt_tokens: int, mlx_vlm: bool = False) -> JSON:
+    """Root ``timings``; ``draft_n``/``draft_n_accepted`` only when something was drafted
+    (llama.cpp). mlx-vlm 0.7.10 adds ``draft_rounds`` (verify steps) and ``draft_kind``
+    (the drafter)."""
     prompt_ms = round(0.35 * max(prompt_tokens, 1), 3)
     predicted_ms = round(6.0 * max(gen.num_spec_steps, 1), 3)
     out: JSON = {
@@ -129,8 +174,9 @@ def llamacpp_timings(gen: Generation, prompt_tokens: int, rounds: bool) -> JSON:
     if gen.num_draft_tokens > 0:
         out["draft_n"] = gen.num_draft_tokens
         out["draft_n_accepted"] = gen.num_accepted_draft_tokens
-        if rounds:
+        if mlx_vlm:
             out["draft_rounds"] = gen.num_spec_steps
+            out["draft_kind"] = MLX_VLM_DRAFT_KIND
     return out
 
 

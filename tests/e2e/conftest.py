@@ -5,9 +5,18 @@
 loopback ports with the shipped configs, and stops them by process group at the end of
 the session, whatever happened (try/finally here, ``atexit`` in e2e_stack as a backstop).
 
+The stack includes two simulator subprocesses, one with vLLM's server-side counters and
+one with llama.cpp's, whose ``/metrics`` Prometheus scrapes (job ``inference-servers``,
+labelled ``server_address``/``server_port``).
+
 ``workloads`` runs ``spec-decode-otel demo`` once per OTLP protocol (grpc and
 http/protobuf) against that stack, each with its own service name, and returns the
-records the demo wrote. The demo command can be replaced with
+records the demo wrote (the rows with a record).
+
+``reconciliation`` sends an instrumented workload to the two simulators, first with every
+request's stats reaching the client, then with some vLLM streams made without
+``include_usage``, and keeps what Prometheus, the clients and the servers said after each
+phase (see test_reconciliation.py). The demo command can be replaced with
 ``SPEC_DECODE_OTEL_E2E_DEMO`` (a shell-quoted command prefix that accepts the same
 ``demo`` arguments); the number of requests with ``SPEC_DECODE_OTEL_E2E_REQUESTS``.
 """
@@ -16,15 +25,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -39,10 +50,14 @@ from e2e_stack import (
     find_jaeger,
     find_otelcol,
     find_prometheus,
+    prom_by_label,
+    prom_query,
     prom_scalar,
     start_stack,
     stop_all,
 )
+
+from simulator_process import SimulatorProcess
 
 PROTOCOLS = ("grpc", "http/protobuf")
 DEMO_TIMEOUT_S = 180
@@ -51,7 +66,8 @@ INGEST_TIMEOUT_S = 30
 
 @dataclass
 class Workload:
-    """One demo run: its protocol, service name (the Prometheus ``job``), and records."""
+    """One demo run: its protocol, service name (the Prometheus ``job``), and the records
+    file's rows that have a record (every call of the demo should)."""
 
     protocol: str
     service: str
@@ -66,12 +82,34 @@ class Workload:
         return f'job=~"(.+/)?{self.service}"'
 
 
+#: The simulators whose /metrics the stack scrapes: flavour -> simulator arguments.
+SERVER_FLAVOURS = {
+    "vllm": ("--engine", "vllm", "--level", "summary", "--k", "4", "--alpha", "0.7"),
+    "llamacpp": ("--engine", "llamacpp", "--k", "3", "--alpha", "0.6"),
+}
+
+
 @pytest.fixture(scope="session")
-def e2e_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def servers() -> Iterator[dict[str, str]]:
+    """flavour -> base URL of a simulator subprocess only the reconciliation uses."""
+    running: list[SimulatorProcess] = []
+    try:
+        for args in SERVER_FLAVOURS.values():
+            running.append(SimulatorProcess(args))
+            running[-1].start()
+        yield {flavour: p.base_url for flavour, p in zip(SERVER_FLAVOURS, running, strict=True)}
+    finally:
+        for proc in running:
+            proc.stop()
+
+
+@pytest.fixture(scope="session")
+def e2e_stack(tmp_path_factory: pytest.TempPathFactory, servers: dict[str, str]) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("e2e-stack")
+    scraped = [host_port(url) for url in servers.values()]
     try:
         otelcol, jaeger, prometheus = find_otelcol(), find_jaeger(), find_prometheus()
-        stack = start_stack(workdir, otelcol, jaeger, prometheus)
+        stack = start_stack(workdir, otelcol, jaeger, prometheus, scraped)
     except StackError as exc:
         pytest.fail(f"e2e stack could not start: {exc}", pytrace=False)
     try:
@@ -79,6 +117,12 @@ def e2e_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     finally:
         stack.stop()
         stop_all()
+
+
+def host_port(base_url: str) -> tuple[str, int]:
+    parts = urlsplit(base_url)
+    assert parts.hostname and parts.port, base_url
+    return parts.hostname, parts.port
 
 
 @pytest.fixture(scope="session")
@@ -149,7 +193,8 @@ def _run_demo(stack: Stack, protocol: str, workdir: Path, requests: int) -> Work
         pytest.fail(
             f"demo over {protocol} exited {proc.returncode}: {shlex.join(argv)}\n{log_text[-4000:]}"
         )
-    records = [json.loads(line) for line in records_path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in records_path.read_text().splitlines() if line.strip()]
+    records = [row for row in rows if row["record"] is not None]
     if not records:
         pytest.fail(f"demo over {protocol} wrote no records to {records_path}\n{log_text[-2000:]}")
     return Workload(protocol, service, records, started, finished, log_text)
@@ -183,3 +228,185 @@ def workloads(
         runs[protocol] = _run_demo(e2e_stack, protocol, workdir, requests)
         _wait_ingested(prom, runs[protocol])
     return runs
+
+
+# --------------------------------------------------------------------------- reconciliation
+
+#: The dashboard's "Client vs server" row.
+ROW = "Client vs server"
+DASHBOARD = REPO_ROOT / "collector-config" / "grafana" / "dashboards" / "spec-decode.json"
+MESSAGES = [{"role": "user", "content": "Reconcile the client with the server."}]
+
+
+def row_targets() -> list[tuple[str, dict[str, Any]]]:
+    """(panel title, target) of every panel in the dashboard's "Client vs server" row."""
+    panels = json.loads(DASHBOARD.read_text(encoding="utf-8"))["panels"]
+    out, inside = [], False
+    for panel in panels:
+        if panel["type"] == "row":
+            inside = panel["title"].startswith(ROW)
+        elif inside:
+            out += [(panel["title"], t) for t in panel["targets"]]
+    return out
+
+
+def as_totals(expr: str) -> str:
+    """``increase(SELECTOR[$__range])`` -> ``SELECTOR``: the same formula over cumulative
+    totals, which are exact (increase() extrapolates, and misses the first sample of a
+    series that starts inside the range, as a client's counters do)."""
+    return re.sub(r"increase\(([a-z_:]*\{[^}]*\})\[\$__range\]\)", r"\1", expr)
+
+
+def server_totals(base_url: str) -> dict[str, float]:
+    """A simulator's own accepted and drafted counters, from its /metrics."""
+    text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=10).text
+    totals = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        for key in ("accepted", "draft"):
+            if name.endswith(f":spec_decode_num_{key}_tokens_total"):
+                totals[key] = float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+@dataclass
+class Phase:
+    """What one phase of the reconciliation workload left behind (values per server,
+    keyed ``host:port``)."""
+
+    #: The clients' own accepted/drafted totals (in-memory reader of the same provider).
+    client: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: The servers' accepted/drafted totals, read from their /metrics directly.
+    server: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: The coverage panel's formula over totals, from Prometheus.
+    coverage: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Reconciliation:
+    service: str
+    servers: dict[str, str]
+    phases: dict[str, Phase]
+
+
+def _client_totals(reader: Any) -> dict[str, dict[str, float]]:
+    totals: dict[str, dict[str, float]] = {}
+    names = {"spec_decode.accepted_draft_tokens": "accepted", "spec_decode.draft_tokens": "draft"}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                if metric.name not in names:
+                    continue
+                for point in metric.data.data_points:
+                    server = (
+                        f"{point.attributes['server.address']}:{point.attributes['server.port']}"
+                    )
+                    entry = totals.setdefault(server, {})
+                    entry[names[metric.name]] = entry.get(names[metric.name], 0.0) + point.value
+    return totals
+
+
+def _coverage(prom: httpx.Client) -> dict[str, float]:
+    (expr,) = [as_totals(t["expr"]) for title, t in row_targets() if title.startswith("Coverage:")]
+    expr = expr.replace("$server", ".*")
+    return {
+        f"{r['metric']['server_address']}:{r['metric']['server_port']}": float(r["value"][1])
+        for r in prom_query(prom, expr)
+    }
+
+
+def _wait_for_phase(prom: httpx.Client, service: str, phase: Phase) -> None:
+    """Until Prometheus has the clients' and the servers' final totals of the phase."""
+    job = f'job=~"(.+/)?{service}"'
+    deadline = time.monotonic() + INGEST_TIMEOUT_S
+    while time.monotonic() < deadline:
+        client = prom_by_label(
+            prom,
+            f"sum by (server_port) (spec_decode_accepted_draft_tokens_total{{{job}}})",
+            "server_port",
+        )
+        server = prom_by_label(
+            prom,
+            "sum by (server_port) "
+            '({__name__=~"(vllm|llamacpp):spec_decode_num_accepted_tokens_total"})',
+            "server_port",
+        )
+        want_client = {k.rsplit(":", 1)[1]: v["accepted"] for k, v in phase.client.items()}
+        want_server = {k.rsplit(":", 1)[1]: v["accepted"] for k, v in phase.server.items()}
+        if client == want_client and server == want_server:
+            return
+        time.sleep(0.25)
+    # No failure here: the tests compare the numbers and say what differs.
+
+
+@pytest.fixture(scope="session")
+def reconciliation(
+    e2e_stack: Stack, servers: dict[str, str], prom: httpx.Client
+) -> Iterator[Reconciliation]:
+    """Phase ``full``: to each server, non-streaming calls and streams whose stats reach
+    the client (vLLM with include_usage; llama.cpp sends its timings on the last chunk
+    anyway). Phase ``partial``: the same, plus vLLM streams made without include_usage,
+    whose stats the server counts and the client never sees.
+
+    The client is this process, instrumented with its own providers (OTLP/gRPC to the
+    stack); the meter provider keeps exporting until the session ends, so the series stay
+    current for the dashboard's rate() panels."""
+    import openai
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import (
+        InMemoryMetricReader,
+        PeriodicExportingMetricReader,
+    )
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from spec_decode_otel import SpecDecodeInstrumentor
+
+    service = f"sdo-e2e-reconcile-{uuid.uuid4().hex[:8]}"
+    resource = Resource.create({"service.name": service})
+    memory = InMemoryMetricReader()
+    exporting = PeriodicExportingMetricReader(
+        OTLPMetricExporter(endpoint=e2e_stack.otlp_endpoint("grpc"), insecure=True),
+        export_interval_millis=100,
+    )
+    meter_provider = MeterProvider(metric_readers=[memory, exporting], resource=resource)
+    tracer_provider = TracerProvider(resource=resource)
+
+    def workload(stats_less_streams: int) -> None:
+        for flavour, base_url in servers.items():
+            with openai.OpenAI(api_key="sk-e2e", base_url=base_url, max_retries=0) as client:
+                create: Callable[..., Any] = client.chat.completions.create
+                # llama.cpp sends its timings on the last chunk without being asked.
+                usage = {"stream_options": {"include_usage": True}} if flavour == "vllm" else {}
+                for _ in range(4):
+                    create(model="m", messages=MESSAGES)
+                    assert list(create(model="m", messages=MESSAGES, stream=True, **usage))
+                if flavour == "vllm":
+                    for _ in range(stats_less_streams):
+                        assert list(create(model="m", messages=MESSAGES, stream=True))
+
+    def phase() -> Phase:
+        assert meter_provider.force_flush(10_000)
+        result = Phase(client=_client_totals(memory))
+        for url in servers.values():
+            host, port = host_port(url)
+            result.server[f"{host}:{port}"] = server_totals(url)
+        _wait_for_phase(prom, service, result)
+        result.coverage = _coverage(prom)
+        return result
+
+    instrumentor = SpecDecodeInstrumentor()
+    try:
+        instrumentor.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+        try:
+            workload(stats_less_streams=0)
+            full = phase()
+            workload(stats_less_streams=4)
+            partial = phase()
+        finally:
+            instrumentor.uninstrument()
+        yield Reconciliation(service, servers, {"full": full, "partial": partial})
+    finally:
+        meter_provider.shutdown()
+        tracer_provider.shutdown()

@@ -12,8 +12,10 @@ Everything here is plain helpers (no pytest), used by ``conftest.py``:
 The collector and Jaeger run with the SHIPPED configs (collector-config/otelcol.yaml,
 collector-config/jaeger.yaml); only environment variables change their ports. Prometheus
 cannot read environment variables, so it gets a temporary copy of the shipped
-prometheus.yml with the scrape target and the intervals replaced; it loads the shipped
-rule files (collector-config/prometheus-rules.yml) from where they are.
+prometheus.yml with the scrape target and the intervals replaced, plus a job that
+scrapes the inference servers' own ``/metrics`` (the simulators of conftest.py),
+labelled ``server_address``/``server_port`` like the clients' series; it loads the
+shipped rule files (collector-config/prometheus-rules.yml) from where they are.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,8 @@ ENV_PROMETHEUS = "SPEC_DECODE_OTEL_PROMETHEUS"
 SCRAPE_INTERVAL = "250ms"
 #: Prometheus rule evaluation interval in the tests (collector-config/prometheus-rules.yml).
 RULE_EVALUATION_INTERVAL = "1s"
+#: The scrape job of the inference servers' own /metrics (README: Client vs server).
+SERVERS_JOB = "inference-servers"
 
 _RUNNING: list[ManagedProcess] = []
 
@@ -272,6 +276,8 @@ class Stack:
     jaeger_query_port: int
     processes: list[ManagedProcess]
     workdir: Path
+    #: (host, port) of the inference servers Prometheus scrapes.
+    servers: Sequence[tuple[str, int]] = ()
 
     @property
     def prometheus_url(self) -> str:
@@ -293,9 +299,13 @@ class Stack:
             proc.stop()
 
 
-def write_prometheus_config(dest: Path, exporter_port: int) -> Path:
+def write_prometheus_config(
+    dest: Path, exporter_port: int, servers: Sequence[tuple[str, int]] = ()
+) -> Path:
     """The shipped prometheus.yml with the collector target and the intervals replaced,
-    and its rule files (relative to collector-config/) given as absolute paths."""
+    its rule files (relative to collector-config/) given as absolute paths, and a job
+    scraping each of ``servers`` (host, port) with the labels that match the clients'
+    ``server_address``/``server_port``."""
     config = yaml.safe_load((CONFIG_DIR / "prometheus.yml").read_text())
     config.setdefault("global", {})
     config["global"]["scrape_interval"] = SCRAPE_INTERVAL
@@ -311,12 +321,34 @@ def write_prometheus_config(dest: Path, exporter_port: int) -> Path:
     job["scrape_timeout"] = SCRAPE_INTERVAL
     job["static_configs"] = [{"targets": [f"127.0.0.1:{exporter_port}"]}]
     config["scrape_configs"] = [job]
+    if servers:
+        config["scrape_configs"].append(
+            {
+                "job_name": SERVERS_JOB,
+                "scrape_interval": SCRAPE_INTERVAL,
+                "scrape_timeout": SCRAPE_INTERVAL,
+                "static_configs": [
+                    {
+                        "targets": [f"{host}:{port}"],
+                        "labels": {"server_address": host, "server_port": str(port)},
+                    }
+                    for host, port in servers
+                ],
+            }
+        )
     dest.write_text(yaml.safe_dump(config, sort_keys=False))
     return dest
 
 
-def start_stack(workdir: Path, otelcol: str, jaeger: str, prometheus: str) -> Stack:
-    """Start Jaeger, the collector and Prometheus on free loopback ports; wait until ready.
+def start_stack(
+    workdir: Path,
+    otelcol: str,
+    jaeger: str,
+    prometheus: str,
+    servers: Sequence[tuple[str, int]] = (),
+) -> Stack:
+    """Start Jaeger, the collector and Prometheus on free loopback ports; wait until ready
+    (Prometheus scraping the collector and each of ``servers``).
 
     On any failure, whatever was started is stopped before the error propagates.
     """
@@ -360,7 +392,7 @@ def start_stack(workdir: Path, otelcol: str, jaeger: str, prometheus: str) -> St
             workdir / "otelcol.log",
             cwd=workdir,
         )
-        prom_config = write_prometheus_config(workdir / "prometheus.yml", col_exporter)
+        prom_config = write_prometheus_config(workdir / "prometheus.yml", col_exporter, servers)
         prom = ManagedProcess(
             "prometheus",
             [
@@ -402,7 +434,7 @@ def start_stack(workdir: Path, otelcol: str, jaeger: str, prometheus: str) -> St
                 active = r["data"]["activeTargets"]
                 return bool(active) and all(t["health"] == "up" for t in active)
 
-            wait_until("Prometheus scraping the collector", target_up, 30, procs)
+            wait_until("Prometheus scraping the collector and servers", target_up, 30, procs)
     except BaseException:
         for proc in reversed(procs):
             proc.stop()
@@ -415,6 +447,7 @@ def start_stack(workdir: Path, otelcol: str, jaeger: str, prometheus: str) -> St
         jaeger_query_port=j_query,
         processes=procs,
         workdir=workdir,
+        servers=tuple(servers),
     )
 
 

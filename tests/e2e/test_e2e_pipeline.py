@@ -31,7 +31,7 @@ from e2e_stack import (
     prom_scalar,
 )
 
-from conftest import PROTOCOLS, Workload
+from conftest import PROTOCOLS, Reconciliation, Workload
 
 try:  # the instrumentation's bound on per-position series
     from spec_decode_otel.telemetry import MAX_DRAFT_POSITIONS, OVERFLOW_VALUE
@@ -324,8 +324,10 @@ def _variables(workloads: dict[str, Workload], **extra: str) -> dict[str, str]:
 
 
 def test_every_dashboard_query_returns_data(
-    workloads: dict[str, Workload], prom: httpx.Client
+    workloads: dict[str, Workload], reconciliation: Reconciliation, prom: httpx.Client
 ) -> None:
+    """Every panel, with the demo's services selected; the "Client vs server" row reads
+    the reconciliation workload's servers (it ignores the service filter)."""
     dashboard = _dashboard()
     variables = _variables(workloads)
     targets = _targets(dashboard)

@@ -47,7 +47,7 @@ QUIET_SERVER = (
     "request_engine_stats=('sglang',); TensorRT-LLM per_request_spec_decode_stats: true; "
     "llama.cpp --spec-type with -md), make vLLM streams ask for them "
     "(inject_include_usage=True), and check that no gateway in front of it strips the "
-    "fields (README: Limitations)"
+    "fields (README: Why is my dashboard empty?)"
 )
 
 

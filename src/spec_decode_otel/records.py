@@ -18,6 +18,7 @@ flushes it and ``shutdown`` closes a file the processor opened.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from typing import TextIO
@@ -25,6 +26,7 @@ from typing import TextIO
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
+from spec_decode_otel._logging import rate_limited
 from spec_decode_otel.summary import row_for_span
 
 
@@ -55,8 +57,14 @@ class RecordsFileProcessor(SpanProcessor):
             return
         line = json.dumps(row) + "\n"
         with self._lock:
-            if not self._file.closed:
+            if self._file.closed:
+                return
+            try:
                 self._file.write(line)
+            except (OSError, ValueError):  # a full disk must not fail the caller's span.end()
+                rate_limited.log(
+                    logging.WARNING, "records-file", "could not write a record line", exc_info=True
+                )
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         with self._lock:

@@ -8,7 +8,9 @@ each line is checked against is the same seeded request sent again without the S
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -116,3 +118,19 @@ def test_an_open_stream_is_left_open(tmp_path: Path) -> None:
         assert not handle.closed
     rows = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [r["outcome"] for r in rows] == ["error"]
+
+
+class FullDisk(io.StringIO):
+    def write(self, text: str) -> int:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_failing_write_never_fails_the_span_end(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="spec_decode_otel")
+    provider = TracerProvider()
+    provider.add_span_processor(RecordsFileProcessor(FullDisk()))
+    provider.get_tracer("t").start_span("call", attributes={"spec_decode.outcome": "error"}).end()
+    provider.shutdown()
+    assert [r.getMessage() for r in caplog.records if r.name == "spec_decode_otel"] == [
+        "could not write a record line"
+    ]

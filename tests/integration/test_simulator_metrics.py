@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer
+from spec_decode_otel.simulator import ENGINES, SimulatorConfig, SimulatorServer
+from spec_decode_otel.simulator.server_metrics import PREFIXES
 
 ARGS = ("--k", "4", "--alpha", "0.6", "--seed", "31", "--served-model", "sim-served")
 CONFIG = {"k": 4, "alpha": 0.6, "seed": 31, "served_model": "sim-served"}
@@ -167,10 +168,10 @@ def test_counters_exist_at_zero_before_any_request(start_simulator: Callable[...
     }
 
 
-@pytest.mark.parametrize("engine", ["sglang", "trtllm", "trtllm-released", "none"])
+@pytest.mark.parametrize("engine", [e for e in ENGINES if e not in PREFIXES])
 def test_flavours_without_server_counters_export_none(engine: str) -> None:
-    """SGLang and TensorRT-LLM export no such counters (and a server without stats is
-    not vLLM or llama.cpp): their /metrics is empty, requests or not."""
+    """SGLang, TensorRT-LLM and the others export no such counters (and a server without
+    stats is not vLLM or llama.cpp): their /metrics is empty, requests or not."""
     with SimulatorServer(SimulatorConfig(engine=engine)) as sim:
         httpx.post(
             sim.base_url + "/chat/completions", json={"model": "m", "messages": MESSAGES}

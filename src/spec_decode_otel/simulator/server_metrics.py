@@ -11,8 +11,8 @@ vLLM exports (``prometheus_client``, labels ``model_name`` and ``engine``)::
 and llama.cpp (``--metrics``; read from the strings of the b11312 ``llama-server``
 library) the same four under ``llamacpp:``, with no label but ``position``. The flavour
 follows the server's ``engine``: ``vllm`` and ``vllm-premerge`` serve vLLM's names,
-``llamacpp`` llama.cpp's; the other flavours (SGLang, TensorRT-LLM, ``none``) export no
-such counters, so their ``/metrics`` has none.
+``llamacpp`` llama.cpp's; every other flavour (SGLang, TensorRT-LLM, mlx-vlm, ``none``,
+...) exports no such counters, so its ``/metrics`` has none.
 
 What is counted: every sequence of every request the server answered, in full, when the
 answer starts, whatever shape the request asked for (``x-spec-decode-engine``,

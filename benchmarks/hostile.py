@@ -1,12 +1,9 @@
-"""A corpus of hostile response bodies, for the worst-case cost of the instrumentation.
+"""Hostile response bodies, for the worst-case cost of the instrumentation.
 
-``corpus()`` returns ``(name, body_bytes)`` pairs: chat completion bodies a server could
-send, each carrying speculative-decoding stats built to be expensive (huge histogram keys,
-a huge ``num_spec_tokens``, million-entry arrays, deep nesting, many choices, wrong types,
-duplicate keys, unicode digits) and padded with message content to at least 1 MiB, so
-that a per-MiB figure is not a call's fixed cost. A body starting with ``data:`` is a
-server-sent-event stream. ``build(name)`` makes one body. ``overhead.py`` replays each
-through the real instrumented client.
+``corpus()`` returns ``(name, body_bytes)`` pairs (``build(name)`` makes one): chat
+completions whose speculative-decoding stats are built to be expensive, padded with message
+content to at least 1 MiB so that a per-MiB figure is not a call's fixed cost. A body
+starting with ``data:`` is a server-sent-event stream.
 """
 
 from __future__ import annotations

@@ -2,16 +2,11 @@
 
     python benchmarks/overhead.py [--quick] [--json [FILE]]
 
-The real ``openai`` SDK replays bodies recorded from the project's simulator
-(``benchmarks/data/``, from ``record_payloads.py``) through an in-process
-``httpx2.MockTransport``, so only client CPU is measured (``time.process_time_ns``, all
-threads). In one process, interleaved in rounds (the order rotating), each configuration
-switched on and off with its instrumentor's public ``instrument()`` / ``uninstrument()``:
-A the bare SDK; B spec_decode_otel, default settings; D opentelemetry-instrumentation-
-openai-v2; E the floor, one span with B's 18 attributes and B's two histogram records
-around the bare call. Then B's memory growth, ``record_from_json`` on a 10,000-step
-payload, and the hostile corpus (``hostile.py``) through the real client, in a child
-process with a memory limit and a time limit per body. See benchmarks/README.md.
+The real ``openai`` SDK replays recorded bodies (``benchmarks/data/``) through an
+in-process ``httpx2.MockTransport``. The configurations (A bare SDK, B ours, D openai-v2,
+E the floor) are switched on and off in one process with their instrumentors' public API
+and timed in interleaved rounds. benchmarks/README.md says what runs and what each figure
+means.
 """
 
 from __future__ import annotations
@@ -109,9 +104,8 @@ class Drop(SpanExporter, LogRecordExporter):
 
 
 class Providers:
-    """Real SDK providers: spans through a batch processor (or a simple one) to nowhere,
-    metrics kept by a reader that is never collected, logs (openai-v2 emits some) batched
-    to nowhere."""
+    """Real SDK providers: spans (batched, or one by one) and logs (openai-v2 emits some)
+    exported to nowhere, and metrics kept by a reader that is never collected."""
 
     def __init__(self, processor: type = BatchSpanProcessor) -> None:
         self.spans = Drop()
@@ -389,9 +383,12 @@ def report(result: dict[str, Any], out: Any) -> None:
         slope = (o["stream"] - o["stream_short"]) / (chunks["stream"] - chunks["stream_short"])
         cells = "".join(f"{med[c][k]:9.0f}{o[k]:+9.1f}" for k in KINDS)
         print(f"{c + ' ' + label:20}{cells}{slope:+9.2f}", file=out)
-    attributes = result["span_attributes"]
-    print(f"streams of {chunks['stream']} and {chunks['stream_short']} chunks", file=out)
-    print(f"span attributes: B {attributes['B']}, E {attributes['E']}", file=out)
+    attributes, load = result["span_attributes"], result["environment"]["load_average"]
+    print(
+        f"streams of {chunks['stream']} and {chunks['stream_short']} chunks; span attributes:"
+        f" B {attributes['B']}, E {attributes['E']}; load average at the end {load[:2]}",
+        file=out,
+    )
     print(f"memory: {result['memory_method']}", file=out)
     print("\nHostile bodies, instrumented - bare (median over pairs of calls):", file=out)
     for row in result["hostile"]:
@@ -467,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         "memory_method": memory_method,
         "hostile": hostile_rows,
         "seconds": round(time.monotonic() - started),
-        "environment": {"python": platform.python_version(), "cpus": os.cpu_count()}
+        "environment": {"python": platform.python_version(), "load_average": os.getloadavg()}
+        | {"cpus": os.cpu_count()}
         | {p: version(p) for p in packages},
     }
     report(result, sys.stderr if args.json == "-" else sys.stdout)

@@ -1,0 +1,437 @@
+"""Issue "Trust at the edges": each case it reproduced, through the real ``openai`` client
+and a real HTTP server on loopback (``loopback.py``) or the simulator subprocess.
+
+- Bounded cost: the 200-byte pre-merge body whose histogram key is 30,000,000 took one
+  ``chat.completions.create()`` 16.6 s and 520 MB before (a key of 10**9 was OOM-killed),
+  and so did ``num_spec_tokens: 100000000`` with an empty histogram. Now: no record
+  (outcome ``invalid``), milliseconds, flat memory.
+- Trace propagation: ``inject_traceparent`` sent the caller's baggage
+  (``user.email=...``) and overwrote the caller's own ``baggage`` header.
+- Enrich mode: never status, ``error.type`` or ``gen_ai.usage.*`` on a span that is not a
+  GenAI span; a second call under an enriched span gets a child span instead of
+  overwriting the first call's figures.
+- The library logger prints nothing unless the application configures logging; the
+  first internal error is one WARNING, later ones DEBUG.
+- Misuse is loud: instrument() again with other settings, setup() twice, an unknown
+  engine in ``request_engine_stats``.
+- Metric attributes with unknown values are left out, never sent as ``""``.
+
+A stream stopped early (status unset, ``spec_decode.read_to_end=false``) is covered by
+tests/integration/test_instrumentation_streams.py for every way out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import tracemalloc
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from loopback import LoopbackServer
+from opentelemetry import baggage, context, propagate
+from opentelemetry.trace import StatusCode
+from reliability_helpers import API_KEY, Otel, instrumented
+
+from spec_decode_otel import SpecDecodeInstrumentor, instrument_client
+from spec_decode_otel.record import MAX_SPEC_TOKENS
+from spec_decode_otel.telemetry import (
+    ERROR_TYPE,
+    GEN_AI_RESPONSE_MODEL,
+    M_REQUESTS,
+    M_VERIFY_STEPS,
+    SCOPE_NAME,
+    SD_ENGINE,
+    SD_NUM_SPEC_STEPS,
+    SD_OUTCOME,
+)
+
+HERE = Path(__file__).resolve().parent
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def chat_body(choice_extra: dict[str, Any] | None = None, **root: Any) -> bytes:
+    """A chat completion; ``choice_extra`` goes on the choice, ``root`` on the body."""
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": "ok"},
+        "finish_reason": "stop",
+        **(choice_extra or {}),
+    }
+    body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m"}
+    body |= {"choices": [choice], **root}
+    return json.dumps(body).encode()
+
+
+def premerge(key: int) -> bytes:
+    """The pre-merge vLLM body of the issue: self-consistent, one step accepting ``key``."""
+    stats = {
+        "acceptance_histogram": {str(key): 1},
+        "num_spec_steps": 1,
+        "num_accepted_draft_tokens": key,
+        "num_draft_tokens": key,
+    }
+    return chat_body({"speculative_decoding_stats": stats})
+
+
+def merged_huge_k() -> bytes:
+    """Merged vLLM stats with ``num_spec_tokens: 100000000`` and an empty histogram."""
+    stats = {
+        "mean_acceptance_length": 1.0,
+        "draft_acceptance_rate": 0.0,
+        "acceptance_histogram": [],
+        "num_spec_steps": 0,
+        "num_accepted_draft_tokens": 0,
+        "num_draft_tokens": 0,
+        "num_spec_tokens": 100_000_000,
+    }
+    return chat_body(metrics={"speculative_decoding": stats})
+
+
+def stream_with(stats: dict[str, Any]) -> bytes:
+    """A two-chunk stream whose final chunk carries ``stats`` on its choice."""
+    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    chunks = [
+        base | {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": None}]},
+        base
+        | {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {},
+                    "finish_reason": "stop",
+                    "speculative_decoding_stats": stats,
+                }
+            ]
+        },
+    ]
+    return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks).encode() + b"data: [DONE]\n\n"
+
+
+@pytest.fixture
+def server() -> Iterator[LoopbackServer]:
+    with LoopbackServer() as running:
+        yield running
+
+
+@pytest.fixture
+def otel() -> Iterator[Otel]:
+    providers = Otel()
+    yield providers
+    providers.shutdown()
+
+
+def client_for(server: LoopbackServer) -> openai.OpenAI:
+    return openai.OpenAI(api_key=API_KEY, base_url=server.url, max_retries=0)
+
+
+def read(client: openai.OpenAI, stream: bool) -> Any:
+    """One chat call as the user sees it (a stream read to its end)."""
+    if stream:
+        chunks = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        return [c.model_dump() for c in chunks]
+    return client.chat.completions.create(model="m", messages=MESSAGES).model_dump()
+
+
+# --------------------------------------------------------------------------- 1. bounds
+
+
+@pytest.mark.parametrize(
+    ("body", "stream"),
+    [
+        (premerge(30_000_000), False),
+        (premerge(10**9), False),
+        (merged_huge_k(), False),
+        (stream_with(json.loads(premerge(30_000_000))["choices"][0]["speculative_decoding_stats"]), True),  # noqa: E501
+    ],
+    ids=["premerge-key-3e7", "premerge-key-1e9", "merged-k-1e8-empty", "stream-key-3e7"],
+)  # fmt: skip
+def test_a_tiny_hostile_body_costs_milliseconds_and_gives_no_record(
+    body: bytes, stream: bool, server: LoopbackServer, otel: Otel
+) -> None:
+    assert len(body) < 1_000
+    server.reply(body)
+    client = client_for(server)
+    try:
+        bare = read(client, stream)
+        with instrumented(otel):
+            read(client, stream)  # the first call imports and builds what later ones reuse
+            otel.exporter.clear()
+            tracemalloc.start()
+            started = time.process_time()
+            seen = read(client, stream)
+            cpu = time.process_time() - started
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+    finally:
+        client.close()
+    assert seen == bare  # the user is untouched
+    assert cpu < 0.25, f"{cpu:.3f} s of CPU (16.6 s before the bound)"
+    assert peak < 8 << 20, f"{peak / 2**20:.1f} MiB traced (520 MB before the bound)"
+    (span,) = otel.spans()
+    assert span.attributes[SD_OUTCOME] == "invalid"
+    assert SD_ENGINE not in span.attributes
+    for value in span.attributes.values():
+        assert not isinstance(value, tuple) or len(value) <= MAX_SPEC_TOKENS + 1
+    outcomes = {p.attributes[SD_OUTCOME]: p.value for p in otel.points(M_REQUESTS)}
+    assert outcomes == {"invalid": 2}
+    assert otel.points(M_VERIFY_STEPS) == []
+
+
+# --------------------------------------------------------------------------- 2. privacy
+
+
+def test_traceparent_injection_carries_no_baggage_and_the_users_headers_win(
+    server: LoopbackServer, otel: Otel
+) -> None:
+    server.reply(chat_body())
+    secret = baggage.set_baggage("user.email", "alice@example.com")
+    # The global propagator is the default (trace context + baggage): it WOULD send it.
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=secret)
+    assert "alice%40example.com" in carrier.get("baggage", "")
+
+    client = client_for(server)
+    token = context.attach(secret)
+    try:
+        handler = otel.tracer_provider.get_tracer("app").start_as_current_span("handler")
+        with instrumented(otel, inject_traceparent=True), handler:
+            client.chat.completions.create(model="m", messages=MESSAGES)
+            client.chat.completions.create(
+                model="m", messages=MESSAGES, extra_headers={"baggage": "mine=1"}
+            )
+            theirs = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+            client.chat.completions.create(
+                model="m", messages=MESSAGES, extra_headers={"TraceParent": theirs}
+            )
+    finally:
+        context.detach(token)
+        client.close()
+
+    plain, own_baggage, own_traceparent = server.requests
+    ours = {s.context.span_id: s for s in otel.spans()}
+    _, trace_id, span_id, _ = plain.headers["traceparent"].split("-")
+    assert int(span_id, 16) in ours  # the call's own span, not the caller's
+    assert int(trace_id, 16) == ours[int(span_id, 16)].context.trace_id
+    assert "baggage" not in plain.headers
+    assert "alice" not in json.dumps(plain.header_lines)
+    assert own_baggage.headers["baggage"] == "mine=1"
+    assert [v for k, v in own_baggage.header_lines if k.lower() == "baggage"] == ["mine=1"]
+    assert [v for k, v in own_traceparent.header_lines if k.lower() == "traceparent"] == [theirs]
+    assert "baggage" not in own_traceparent.headers
+
+
+# --------------------------------------------------------------------------- 4. enrich mode
+
+
+def test_enrich_mode_sets_only_spec_decode_on_a_user_span(otel: Otel, simulator_url: str) -> None:
+    """Two recorded calls and a failing one under one user span: the first call's figures
+    stay on it, the later calls get child spans of their own, and the user's span gets
+    no status, no error.type and no gen_ai.* from us."""
+    client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
+    headers = {"x-spec-decode-engine": "vllm"}
+    try:
+        with instrumented(otel, mode="enrich"):
+            tracer = otel.tracer_provider.get_tracer("app")
+            with tracer.start_as_current_span("agent step") as step:
+                step.set_attribute("app.step", 1)
+                for seed in ("1", "2"):
+                    client.chat.completions.create(
+                        model="spec-sim",
+                        messages=MESSAGES,
+                        extra_headers=headers | {"x-sim-seed": seed},
+                    )
+                with pytest.raises(openai.InternalServerError):
+                    client.chat.completions.create(
+                        model="spec-sim",
+                        messages=MESSAGES,
+                        extra_headers=headers | {"x-sim-fault": "http-500"},
+                    )
+    finally:
+        client.close()
+    spans = otel.spans(scope=None)
+    (user,) = [s for s in spans if s.name == "agent step"]
+    children = [s for s in spans if s is not user]
+    assert user.status.status_code is StatusCode.UNSET
+    assert {k for k in user.attributes if not k.startswith("spec_decode.")} == {"app.step"}
+    assert len(children) == 2
+    assert all(c.parent is not None and c.parent.span_id == user.context.span_id for c in children)
+    assert all(c.instrumentation_scope.name == SCOPE_NAME for c in children)
+    recorded, failed = sorted(children, key=lambda s: ERROR_TYPE in s.attributes)
+    # Each recorded call's own figures, on its own span (seeds 1 and 2 differ).
+    assert recorded.attributes[SD_ENGINE] == user.attributes[SD_ENGINE] == "vllm"
+    assert recorded.attributes[SD_NUM_SPEC_STEPS] != user.attributes[SD_NUM_SPEC_STEPS]
+    assert failed.attributes[ERROR_TYPE] == "InternalServerError"
+    assert failed.status.status_code is StatusCode.ERROR
+
+
+# --------------------------------------------------------------------------- logging
+
+
+LOGGING_APP = """
+import logging, os, sys
+import openai
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from spec_decode_otel import SpecDecodeInstrumentor
+
+if os.environ["CONFIGURE_LOGGING"] == "1":
+    logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
+
+class Broken(SpanProcessor):
+    # An exporter pipeline that fails: our span cannot start, so the call runs untraced.
+    def on_start(self, span, parent_context=None):
+        if span.instrumentation_scope.name == "spec_decode_otel" and span.name.endswith("broken"):
+            raise RuntimeError("processor failure")
+
+provider = TracerProvider()
+provider.add_span_processor(Broken())
+SpecDecodeInstrumentor().instrument(tracer_provider=provider)
+client = openai.OpenAI(base_url=os.environ["URL"], api_key="sk-test", max_retries=0)
+for model in ("ok", "ok", "broken", "broken", "broken"):
+    client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+client.close()
+"""
+
+
+def run_logging_app(url: str, configure: bool) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_"))}
+    env |= {"URL": url, "CONFIGURE_LOGGING": "1" if configure else "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", LOGGING_APP], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def test_the_library_is_silent_unless_logging_is_configured(server: LoopbackServer) -> None:
+    """An invalid payload (a WARNING hint) and three internal errors (our span cannot
+    start): nothing on stderr by default; with logging configured, the hint and the first
+    internal error at WARNING, the later ones at DEBUG only."""
+    server.reply(premerge(30_000_000))
+    assert run_logging_app(server.url, configure=False) == ""
+
+    lines = run_logging_app(server.url, configure=True).splitlines()
+    ours = [line for line in lines if line.split(" ", 2)[1:2] == ["spec_decode_otel:"]]
+    warned = [line for line in ours if line.startswith("WARNING")]
+    assert len(warned) == 2, ours
+    assert "rejected as invalid" in warned[0]
+    assert "internal error in start" in warned[1]
+    assert "later internal errors are logged at DEBUG" in warned[1]
+    assert any(line.startswith("DEBUG") and "internal error in start" in line for line in ours)
+
+
+# --------------------------------------------------------------------------- misuse
+
+
+def test_instrumenting_again_with_other_settings_warns_and_keeps_the_first(
+    otel: Otel, simulator_url: str
+) -> None:
+    client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
+    try:
+        with instrumented(otel, mode="span"):
+            with warnings.catch_warnings(record=True) as same:
+                warnings.simplefilter("always")
+                SpecDecodeInstrumentor().instrument(
+                    tracer_provider=otel.tracer_provider,
+                    meter_provider=otel.meter_provider,
+                    mode="span",
+                )
+            assert [w for w in same if issubclass(w.category, RuntimeWarning)] == []
+            with pytest.warns(RuntimeWarning, match="the first settings stay"):
+                SpecDecodeInstrumentor().instrument(mode="enrich")
+            with otel.tracer_provider.get_tracer("app").start_as_current_span("handler"):
+                client.chat.completions.create(model="spec-sim", messages=MESSAGES)
+    finally:
+        client.close()
+    # mode="span" still holds: our own child span, not the handler enriched.
+    (ours,) = otel.spans()
+    assert ours.attributes[SD_ENGINE] == "vllm"
+    (handler,) = [s for s in otel.spans(scope=None) if s.name == "handler"]
+    assert not any(k.startswith("spec_decode.") for k in handler.attributes)
+
+
+@pytest.mark.parametrize("how", ["instrument", "instrument_client"])
+def test_an_unknown_engine_in_request_engine_stats_is_a_configuration_error(how: str) -> None:
+    with pytest.raises(ValueError, match="sglnag"):
+        if how == "instrument":
+            SpecDecodeInstrumentor().instrument(request_engine_stats=("sglnag",))
+        else:
+            instrument_client(openai.OpenAI(api_key=API_KEY), request_engine_stats="sglnag")
+    assert not SpecDecodeInstrumentor().is_instrumented_by_opentelemetry
+
+
+def test_setup_twice_warns_and_returns_the_same_providers() -> None:
+    script = """
+import warnings, json
+import spec_decode_otel
+first = spec_decode_otel.setup("one", set_global=False)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    second = spec_decode_otel.setup("two", set_global=False, mode="enrich")
+print(json.dumps({
+    "same": second is first,
+    "warnings": [(w.category.__name__, str(w.message)) for w in caught],
+    "service": second.tracer_provider.resource.attributes["service.name"],
+}))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["same"] is True
+    assert report["service"] == "one"
+    ((category, message),) = report["warnings"]
+    assert category == "RuntimeWarning" and "already called" in message
+
+
+# --------------------------------------------------------------------------- metric attrs
+
+
+def test_unknown_values_are_left_out_of_metric_attributes(
+    server: LoopbackServer, otel: Otel
+) -> None:
+    """A server that names no model (and sends no stats): no gen_ai.response.model, no
+    spec_decode.engine on any point, and no attribute anywhere is an empty string."""
+    body = json.loads(chat_body())
+    del body["model"]
+    server.reply(json.dumps(body).encode())
+    client = client_for(server)
+    try:
+        with instrumented(otel, genai_metrics=True):
+            client.chat.completions.create(model="m", messages=MESSAGES)
+    finally:
+        client.close()
+    data = otel.reader.get_metrics_data()
+    points = [
+        point
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        if sm.scope.name == SCOPE_NAME
+        for metric in sm.metrics
+        for point in metric.data.data_points
+    ]
+    assert points, "the call recorded no metric at all"
+    for point in points:
+        attrs = dict(point.attributes)
+        assert GEN_AI_RESPONSE_MODEL not in attrs
+        assert SD_ENGINE not in attrs
+        assert "" not in attrs.values(), attrs
+    (requests,) = otel.points(M_REQUESTS)
+    assert dict(requests.attributes)[SD_OUTCOME] == "no_stats"
+    assert dict(requests.attributes)["gen_ai.request.model"] == "m"
+
+
+def test_the_package_logger_has_a_null_handler() -> None:
+    import logging
+
+    handlers = logging.getLogger("spec_decode_otel").handlers
+    assert any(isinstance(h, logging.NullHandler) for h in handlers)

@@ -23,6 +23,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 from spec_decode_otel.instrumentation.genai_metrics import GenAiMetrics
 from spec_decode_otel.instrumentation.settings import Settings
 from spec_decode_otel.instrumentation.wrapper import Instrumentation
+from spec_decode_otel.integrations import note_openai_request, unwatch_litellm, watch_litellm
 from spec_decode_otel.package import _instruments
 from spec_decode_otel.telemetry import SCOPE_NAME, instruments_for
 from spec_decode_otel.version import __version__
@@ -107,8 +108,12 @@ class SpecDecodeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         SpecDecodeInstrumentor._patches = patches
         SpecDecodeInstrumentor._instrumentation = instrumentation
         SpecDecodeInstrumentor._identity = identity
+        # LiteLLM's own HTTP handler bypasses the SDK: a LiteLLM callback covers those
+        # calls, registered when (if ever) the application imports litellm.
+        watch_litellm(instrumentation)
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        unwatch_litellm()
         # Put back what each attribute held, unless someone has since replaced or wrapped
         # our wrapper: theirs stays, and ours inside it now passes every call through.
         for patch in reversed(SpecDecodeInstrumentor._patches):
@@ -157,6 +162,7 @@ def _sync_wrapper(instrumentation: Instrumentation) -> Wrapper:
         if SpecDecodeInstrumentor._instrumentation is not instrumentation or _RECORDING.get():
             return wrapped(*args, **kwargs)
         token = _RECORDING.set(True)
+        note_openai_request()  # a LiteLLM call made through the SDK is ours to record
         try:
             return instrumentation.sync_request(wrapped, instance, args, kwargs)
         finally:
@@ -174,6 +180,7 @@ def _async_wrapper(instrumentation: Instrumentation) -> Wrapper:
         if SpecDecodeInstrumentor._instrumentation is not instrumentation or _RECORDING.get():
             return await wrapped(*args, **kwargs)
         token = _RECORDING.set(True)
+        note_openai_request()
         try:
             return await instrumentation.async_request(wrapped, instance, args, kwargs)
         finally:
@@ -203,6 +210,7 @@ def instrument_client(client: Any, **kwargs: Any) -> Any:
         method = functools.partial(type(client).request, client)
         if SpecDecodeInstrumentor._instrumentation is not None:
             return method(*args, **kw)  # the process-wide wrapper records this call
+        note_openai_request()
         return wrapper(method, client, args, kw)
 
     object.__setattr__(client, "request", wrapt.FunctionWrapper(client.request, guarded))

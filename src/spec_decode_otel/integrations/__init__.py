@@ -1,0 +1,153 @@
+"""Integrations with libraries that reach OpenAI-compatible servers without the openai SDK.
+
+:mod:`spec_decode_otel.integrations.litellm` holds ``SpecDecodeLiteLLMCallback``, a LiteLLM
+callback (importing that module imports LiteLLM). This module never imports LiteLLM: it
+holds what the instrumentor needs whether LiteLLM is installed or not.
+
+- :func:`watch_litellm` / :func:`unwatch_litellm`: ``SpecDecodeInstrumentor`` registers a
+  callback with LiteLLM when (and only when) the application imports ``litellm``, so
+  instrumenting costs nothing where LiteLLM is installed but unused.
+- :class:`SdkMark` and :func:`note_openai_request`: how one call is recorded once. LiteLLM
+  sends some calls through the openai SDK (``openai/``, ``custom_openai/``, ``llamafile/``,
+  ``lm_studio/``, every text completion), where the openai wrapper records them from the
+  wire, and the LiteLLM callback must not record them again. The openai wrapper notes
+  each SDK request it handles in two context variables, and the callback skips a call
+  when either shows an SDK request made after the call started:
+
+  - the call's mark, which the callback puts in the caller's context when a call starts:
+    for a sync call LiteLLM starts it in the caller's thread, where the SDK request is
+    made (a text stream's request only when the caller first reads it);
+  - the sequence number of the last SDK request in this context: an async call starts in
+    a worker thread, but its SDK request runs in the caller's task, and LiteLLM's logging
+    task, which reports the call's end, is created from that task.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib.util
+import itertools
+import threading
+from typing import Any
+
+import wrapt
+
+from spec_decode_otel._logging import report_internal_error
+
+#: Numbers SDK requests and call starts in one order (``next`` is atomic under the GIL).
+_sequence = itertools.count(1)
+#: The number of the last openai SDK request the wrapper handled in this context.
+last_sdk_request: contextvars.ContextVar[int] = contextvars.ContextVar(
+    "spec_decode_otel_last_sdk_request", default=0
+)
+
+
+class SdkMark:
+    """Whether the openai wrapper handled an SDK request for one LiteLLM call.
+
+    ``decided``: the call's SDK request, if any, has started; later SDK requests in the
+    same context (the mark stays in it after the call returns) belong to other calls and
+    no longer tick it.
+    """
+
+    __slots__ = ("decided", "started", "via_sdk")
+
+    def __init__(self) -> None:
+        self.via_sdk = False
+        self.decided = False
+        self.started = next(_sequence)
+
+    def went_through_sdk(self) -> bool:
+        """True when the openai wrapper handled this call (read where LiteLLM reports
+        the call's end)."""
+        return self.via_sdk or last_sdk_request.get() > self.started
+
+
+#: The mark of the LiteLLM call running in this context (set by the LiteLLM callback).
+current_mark: contextvars.ContextVar[SdkMark | None] = contextvars.ContextVar(
+    "spec_decode_otel_litellm_mark", default=None
+)
+
+
+def note_openai_request() -> None:
+    """Called by the openai wrapper as an SDK request starts, in the request's context."""
+    last_sdk_request.set(next(_sequence))
+    mark = current_mark.get()
+    if mark is not None and not mark.decided:
+        mark.via_sdk = True
+
+
+# -- registering the LiteLLM callback --------------------------------------------------
+
+_lock = threading.Lock()
+#: What the instrumentor wants registered: its Instrumentation, or None.
+_wanted: Any = None
+#: The callback registered with LiteLLM for ``_wanted``, if LiteLLM was imported.
+_registered: Any = None
+_hook_installed = False
+
+
+def litellm_installed() -> bool:
+    """True when ``litellm`` can be imported (without importing it)."""
+    try:
+        return importlib.util.find_spec("litellm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def watch_litellm(instrumentation: Any) -> None:
+    """Register a LiteLLM callback for ``instrumentation`` now if LiteLLM is imported,
+    else as soon as the application imports it. Nothing happens without LiteLLM."""
+    global _wanted, _hook_installed
+    if not litellm_installed():
+        return
+    with _lock:
+        _wanted = instrumentation
+        install = not _hook_installed
+        _hook_installed = True
+    if install:
+        # Runs at once when litellm is already imported, else right after its import.
+        wrapt.register_post_import_hook(_on_litellm_import, "litellm")
+    else:
+        import sys
+
+        if "litellm" in sys.modules:
+            _on_litellm_import(sys.modules["litellm"])
+
+
+def unwatch_litellm() -> None:
+    """Remove the callback :func:`watch_litellm` registered (and forget the wish)."""
+    global _wanted, _registered
+    with _lock:
+        _wanted = None
+        callback, _registered = _registered, None
+    if callback is not None:
+        try:
+            callback.unregister()
+        except Exception:
+            report_internal_error("litellm.unregister")
+
+
+def _on_litellm_import(_module: Any) -> None:
+    global _registered
+    try:
+        from spec_decode_otel.integrations.litellm import SpecDecodeLiteLLMCallback
+
+        with _lock:
+            if _wanted is None or _registered is not None:
+                return
+            callback = SpecDecodeLiteLLMCallback.for_instrumentation(_wanted)
+            callback.register()
+            _registered = callback
+    except Exception:
+        report_internal_error("litellm.register")
+
+
+__all__ = [
+    "SdkMark",
+    "current_mark",
+    "last_sdk_request",
+    "note_openai_request",
+    "unwatch_litellm",
+    "watch_litellm",
+]

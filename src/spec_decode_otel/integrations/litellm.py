@@ -1,0 +1,524 @@
+"""LiteLLM: records for the calls LiteLLM sends with its own HTTP handler.
+
+LiteLLM's ``hosted_vllm/`` chat route posts with its own HTTP client, so the openai wrapper
+never sees it. ``SpecDecodeLiteLLMCallback`` is a LiteLLM callback (LiteLLM's supported
+extension point, ``litellm.integrations.custom_logger.CustomLogger``) that turns what
+LiteLLM keeps of each response into the same record, span and metric points the openai
+wrapper makes for the same server response, through the same path (``Call``, telemetry,
+hints). ``SpecDecodeInstrumentor().instrument()`` registers one when the application imports
+``litellm``; without the instrumentor, one line does it::
+
+    litellm.callbacks.append(SpecDecodeLiteLLMCallback())  # same keywords as instrument()
+
+What LiteLLM keeps (checked with LiteLLM 1.110): a non-streaming response keeps the
+engines' root fields (vLLM's ``metrics``, SGLang's ``sglext``, llama.cpp's ``timings``) as
+extra fields, and a chat choice's own fields (pre-merge vLLM, TensorRT-LLM) move into
+``provider_specific_fields`` (a text completion choice keeps them as extra fields). A
+stream is rebuilt chunk by chunk from a fixed set of fields, so none of those survive it:
+streams that only LiteLLM's own handler carried get outcome ``no_stats``.
+
+One record per call: calls LiteLLM sends through the openai SDK (``openai/``,
+``custom_openai/``, ``llamafile/``, ``lm_studio/``, and every text completion) are
+recorded by the openai wrapper, from the wire and streams included, when
+``SpecDecodeInstrumentor`` is on; this callback then skips them (see
+:mod:`spec_decode_otel.integrations` for the mark that tells). Several callbacks, or
+LiteLLM's sync and async success events for one call, still give one record.
+
+The span is made when LiteLLM reports the call's end, with the call's own start and end
+times, as a child of the span that was current when the call started. LiteLLM's own
+OpenTelemetry callback makes and ends its ``litellm_request`` span inside its logging
+handler, which no callback can add attributes to: with it on, each call has LiteLLM's
+span and ours (only ours carries ``spec_decode.*``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import wrapt
+from litellm.integrations.custom_logger import CustomLogger
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind
+
+from spec_decode_otel._attributes import current_attributes
+from spec_decode_otel._logging import report_internal_error
+from spec_decode_otel.instrumentation import _build
+from spec_decode_otel.instrumentation.call import Call, CallPlan
+from spec_decode_otel.instrumentation.coexistence import is_foreign_genai_span
+from spec_decode_otel.instrumentation.wrapper import (
+    PROVIDER,
+    Instrumentation,
+    _already_enriched,
+    _mark_enriched,
+    _requested_sequences,
+)
+from spec_decode_otel.integrations import SdkMark, current_mark
+from spec_decode_otel.telemetry import (
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_PROVIDER_NAME,
+    GEN_AI_REQUEST_MODEL,
+    SERVER_ADDRESS,
+    SERVER_PORT,
+)
+
+#: LiteLLM call types → GenAI operation names. Other calls (embeddings, ...) are not ours.
+OPERATIONS: Mapping[str, str] = {
+    "completion": "chat",
+    "acompletion": "chat",
+    "text_completion": "text_completion",
+    "atext_completion": "text_completion",
+}
+#: Calls started but not yet reported ended, and calls already recorded, kept at most.
+MAX_CALLS = 4096
+#: Choice fields that are content (never read) or that the choice view sets itself.
+_NOT_STATS = frozenset({"text", "message", "delta", "logprobs", "index", "finish_reason"})
+
+
+@dataclass
+class _Started:
+    """What is known when a LiteLLM call starts (before its route is known)."""
+
+    mark: SdkMark
+    #: The caller's context: the span's parent, and the coexistence check.
+    context: Context
+    #: ``spec_decode_otel.attributes`` in force where the call was made.
+    user: Mapping[str, Any]
+    #: The JSON body LiteLLM built, for adapters that read the request.
+    request: Mapping[str, Any] | None
+
+
+class _Calls:
+    """Calls started and not yet ended (by LiteLLM call id), and ids already ended.
+
+    Shared by every callback instance, so one call gives one record however many
+    callbacks (or LiteLLM's sync and async success events) report it. Both are bounded:
+    a call LiteLLM never reports ended (an abandoned stream) is forgotten eventually.
+    """
+
+    def __init__(self) -> None:
+        self._started: OrderedDict[str, _Started] = OrderedDict()
+        self._ended: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def start(self, call_id: str, make: Any) -> _Started:
+        with self._lock:
+            started = self._started.get(call_id)
+            if started is None:
+                started = self._started[call_id] = make()
+                if len(self._started) > MAX_CALLS:
+                    self._started.popitem(last=False)
+            return started
+
+    def get(self, call_id: str) -> _Started | None:
+        with self._lock:
+            return self._started.get(call_id)
+
+    def end(self, call_id: str) -> _Started | None:
+        """The call's start, the first time it is ended; None after (or if never seen)."""
+        with self._lock:
+            if call_id in self._ended:
+                return None
+            self._ended[call_id] = None
+            if len(self._ended) > MAX_CALLS:
+                self._ended.popitem(last=False)
+            return self._started.pop(call_id, None)
+
+
+_calls = _Calls()
+
+
+class SpecDecodeLiteLLMCallback(CustomLogger):  # type: ignore[misc]
+    """A LiteLLM callback recording ``spec_decode.*`` for chat and text completions.
+
+    Keywords: those of ``SpecDecodeInstrumentor().instrument()`` (``tracer_provider``,
+    ``meter_provider``, ``mode``, ``metric_attributes``, ``record_per_step``,
+    ``genai_metrics``, ...). The request-changing settings (``inject_include_usage``,
+    ``inject_traceparent``, ``request_engine_stats``) do not apply to calls LiteLLM sends
+    itself: a callback cannot change the request. Never raises into LiteLLM.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        instrumentation, _ = _build(dict(kwargs))
+        self._setup(instrumentation)
+
+    @classmethod
+    def for_instrumentation(cls, instrumentation: Instrumentation) -> SpecDecodeLiteLLMCallback:
+        """The callback ``SpecDecodeInstrumentor`` registers: its providers and settings."""
+        callback = cls.__new__(cls)
+        callback._setup(instrumentation)
+        return callback
+
+    def _setup(self, instrumentation: Instrumentation) -> None:
+        super().__init__()
+        self._instrumentation = instrumentation
+        self._enabled = True
+
+    def register(self) -> None:
+        """Add this callback to ``litellm.callbacks`` (once)."""
+        import litellm
+
+        litellm.logging_callback_manager.add_litellm_callback(self)
+
+    def unregister(self) -> None:
+        """Stop recording, and take this callback out of every LiteLLM callback list."""
+        import litellm
+
+        self._enabled = False
+        litellm.logging_callback_manager.remove_callback_from_all_lists(self, require_self=False)
+
+    # -- LiteLLM's hooks (each one swallows its own failures) ---------------------------
+
+    def log_pre_api_call(self, model: Any, messages: Any, kwargs: Any) -> None:
+        try:
+            self._started(kwargs)
+        except Exception:
+            report_internal_error("litellm.pre_api_call")
+
+    def log_post_api_call(
+        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        try:
+            self._responded(kwargs)
+        except Exception:
+            report_internal_error("litellm.post_api_call")
+
+    def log_success_event(
+        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self._ended(kwargs, response_obj, start_time, end_time)
+
+    async def async_log_success_event(
+        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self._ended(kwargs, response_obj, start_time, end_time)
+
+    def log_failure_event(
+        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self._ended(kwargs, None, start_time, end_time, failed=True)
+
+    async def async_log_failure_event(
+        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self._ended(kwargs, None, start_time, end_time, failed=True)
+
+    # -- call start ---------------------------------------------------------------------
+
+    def _started(self, kwargs: Mapping[str, Any]) -> None:
+        """Before the request: note the caller's context, and put the call's mark in it.
+
+        For a sync call LiteLLM runs this in the caller's thread, where any openai SDK
+        request of the call is made too (even a stream's, made when it is first read).
+        """
+        call_id = kwargs.get("litellm_call_id")
+        if not self._enabled or not isinstance(call_id, str):
+            return
+        if kwargs.get("call_type") not in OPERATIONS:
+            return
+
+        def make() -> _Started:
+            additional = kwargs.get("additional_args")
+            request = (
+                additional.get("complete_input_dict") if isinstance(additional, Mapping) else None
+            )
+            return _Started(
+                SdkMark(),
+                otel_context.get_current(),
+                current_attributes(),
+                request if isinstance(request, Mapping) else None,
+            )
+
+        current_mark.set(_calls.start(call_id, make).mark)
+
+    def _responded(self, kwargs: Mapping[str, Any]) -> None:
+        """LiteLLM logged the provider's response: any openai SDK request of this call has
+        started by now, unless the request is deferred (a coroutine or a generator that
+        sends it later), so a later SDK request in this context is another call's."""
+        call_id = kwargs.get("litellm_call_id")
+        started = _calls.get(call_id) if isinstance(call_id, str) else None
+        if started is None:
+            return
+        original = kwargs.get("original_response")
+        deferred = (
+            inspect.isawaitable(original)
+            or inspect.isgenerator(original)
+            or inspect.isasyncgen(original)
+        )
+        if not deferred:
+            started.mark.decided = True
+
+    # -- call end -----------------------------------------------------------------------
+
+    def _ended(
+        self,
+        kwargs: Any,
+        response: Any,
+        start_time: Any,
+        end_time: Any,
+        *,
+        failed: bool = False,
+    ) -> None:
+        try:
+            if not self._enabled or not isinstance(kwargs, Mapping):
+                return
+            call_id = kwargs.get("litellm_call_id")
+            operation = OPERATIONS.get(kwargs.get("call_type"))  # type: ignore[arg-type]
+            if not isinstance(call_id, str) or operation is None or kwargs.get("cache_hit") is True:
+                return
+            started = _calls.end(call_id)
+            if started is None or started.mark.went_through_sdk():
+                return  # already recorded, never started here, or the openai wrapper's
+            started.mark.decided = True
+            self._record(kwargs, operation, started, response, start_time, end_time, failed)
+        except Exception:
+            report_internal_error("litellm.end")
+
+    def _record(
+        self,
+        kwargs: Mapping[str, Any],
+        operation: str,
+        started: _Started,
+        response: Any,
+        start_time: Any,
+        end_time: Any,
+        failed: bool,
+    ) -> None:
+        streaming = kwargs.get("stream") is True
+        include_usage = _include_usage(kwargs)
+        call = Call(
+            self._plan(kwargs, operation, started, start_time, end_time, streaming, include_usage)
+        )
+        # The call began when LiteLLM's did, not now: durations count from there.
+        elapsed = _seconds(start_time, end_time)
+        if elapsed is not None:
+            call.started = time.perf_counter() - elapsed
+        if failed:
+            error = kwargs.get("exception")
+            call.finish_error(error if isinstance(error, BaseException) else RuntimeError("failed"))
+            return
+        if not streaming:
+            body = _kept_body(kwargs, response)
+            if isinstance(body, Mapping):
+                call.finish_dict(body)
+            else:
+                call.finish_object(body)
+            return
+        view = _SdkShaped.of(response, keep_usage=include_usage)
+        first = _seconds(start_time, kwargs.get("completion_start_time"))
+        call.finish_stream(
+            [view],
+            response_model=view.model if isinstance(view.model, str) else None,
+            finish_reasons=[
+                c.finish_reason for c in view.choices if isinstance(c.finish_reason, str)
+            ],
+            multi_sequence=len(view.choices) > 1 or any(c.index for c in view.choices),
+            first_chunk_at=None if first is None else call.started + first,
+            read_to_end=True,
+        )
+
+    def _plan(
+        self,
+        kwargs: Mapping[str, Any],
+        operation: str,
+        started: _Started,
+        start_time: Any,
+        end_time: Any,
+        streaming: bool,
+        include_usage: bool,
+    ) -> CallPlan:
+        """The openai wrapper's plan for this call (same attributes, same coexistence
+        rules), decided now with what was current when the call started."""
+        instrumentation = self._instrumentation
+        settings = instrumentation.settings
+        bound = instrumentation.instruments.bound
+        model = kwargs.get("model") if isinstance(kwargs.get("model"), str) else None
+        host, port = _server(kwargs)
+        span_attrs: dict[str, Any] = {
+            GEN_AI_OPERATION_NAME: operation,
+            GEN_AI_PROVIDER_NAME: PROVIDER,
+        }
+        metric_attrs = dict(span_attrs)
+        for key, value in ((GEN_AI_REQUEST_MODEL, model), (SERVER_ADDRESS, host)):
+            if value is not None:
+                span_attrs[key] = value
+                metric_attrs[key] = bound(key, value)
+        if port is not None:
+            span_attrs[SERVER_PORT] = port
+            metric_attrs[SERVER_PORT] = port
+        user = started.user
+        for key in settings.metric_attributes:
+            if key in user:
+                metric_attrs[key] = bound(key, user[key])
+
+        current = trace.get_current_span(started.context)
+        foreign = is_foreign_genai_span(current)
+        enrich = (
+            current.is_recording()
+            and not _already_enriched(current)
+            and (settings.mode == "enrich" or (settings.mode == "auto" and foreign))
+        )
+        if enrich:
+            span: Any = current
+            _mark_enriched(span)
+            if user:
+                span.set_attributes(user)
+        else:
+            span = _EndsAt(
+                instrumentation.tracer.start_span(
+                    f"{operation} {model}" if model else operation,
+                    context=started.context,
+                    kind=SpanKind.CLIENT,
+                    attributes={**span_attrs, **user},
+                    start_time=_nanoseconds(start_time),
+                ),
+                _nanoseconds(end_time),
+            )
+        request = started.request or {}
+        return CallPlan(
+            instruments=instrumentation.instruments,
+            span=span,
+            own_span=not enrich,
+            metric_attributes=metric_attrs,
+            genai_metrics=None if enrich and foreign else instrumentation.genai_metrics,
+            per_step_max_length=settings.per_step_max_length if settings.record_per_step else None,
+            requested_sequences=_requested_sequences(request),
+            server=f"{host}:{port}",
+            streaming=streaming,
+            include_usage=include_usage,
+            context=trace.set_span_in_context(getattr(span, "__wrapped__", span)),
+            request=started.request,
+        )
+
+
+class _EndsAt(wrapt.ObjectProxy):  # type: ignore[misc]
+    """Our span, ended at the time LiteLLM says the call ended (not when it told us)."""
+
+    def __init__(self, span: Any, end_time: int | None) -> None:
+        super().__init__(span)
+        self._self_end_time = end_time
+
+    def end(self, end_time: int | None = None) -> None:
+        self.__wrapped__.end(end_time=end_time or self._self_end_time)
+
+
+@dataclass(frozen=True)
+class _Choice:
+    index: int
+    finish_reason: Any
+    model_extra: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class _SdkShaped:
+    """A LiteLLM response seen as the openai SDK shapes one: what ``ParsedResponse``'s
+    SDK view and ``Call`` read (``model``, ``choices``, ``usage``, ``model_extra``),
+    without the content."""
+
+    model: Any
+    choices: tuple[_Choice, ...]
+    usage: Any
+    model_extra: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, response: Any, *, keep_usage: bool) -> _SdkShaped:
+        root = getattr(response, "model_extra", None) or {}
+        choices = []
+        for position, choice in enumerate(getattr(response, "choices", None) or ()):
+            fields = {
+                k: v
+                for k, v in (getattr(choice, "model_extra", None) or {}).items()
+                if k not in _NOT_STATS
+            }
+            moved = getattr(choice, "provider_specific_fields", None)
+            if isinstance(moved, Mapping) and moved:
+                fields["provider_specific_fields"] = moved  # the choice view folds them back
+            reason = (
+                (moved or {}).get("native_finish_reason") if isinstance(moved, Mapping) else None
+            )
+            index = getattr(choice, "index", position)
+            choices.append(
+                _Choice(
+                    index if type(index) is int else position,
+                    reason if isinstance(reason, str) else getattr(choice, "finish_reason", None),
+                    fields,
+                )
+            )
+        return cls(
+            getattr(response, "model", None),
+            tuple(choices),
+            getattr(response, "usage", None) if keep_usage else None,
+            {k: v for k, v in root.items() if k not in ("usage", "choices")},
+        )
+
+
+def _kept_body(kwargs: Mapping[str, Any], response: Any) -> Mapping[str, Any] | _SdkShaped:
+    """The closest thing to the server's body that LiteLLM kept for a non-streaming call.
+
+    LiteLLM's ``original_response`` is the body's JSON text (its own handler, and the
+    SDK's parsed body re-serialized), or the SDK's ``Completion``; both keep every field
+    the server sent. Its own response object can lose some: a text completion LiteLLM
+    answered through the chat endpoint comes back without the chat body's root fields.
+    """
+    original = kwargs.get("original_response")
+    if isinstance(original, str):
+        try:
+            body = json.loads(original)
+        except ValueError:
+            body = None
+        if isinstance(body, Mapping) and isinstance(body.get("choices"), list):
+            return body
+    elif hasattr(original, "choices") and hasattr(original, "model_extra"):
+        return _SdkShaped.of(original, keep_usage=True)
+    return _SdkShaped.of(response, keep_usage=True)
+
+
+def _include_usage(kwargs: Mapping[str, Any]) -> bool:
+    """The stream asked for the server's usage chunk (else LiteLLM estimates usage, which
+    the openai wrapper would not report)."""
+    for options in (
+        kwargs.get("stream_options"),
+        (kwargs.get("optional_params") or {}).get("stream_options"),
+    ):
+        if isinstance(options, Mapping) and options.get("include_usage") is True:
+            return True
+    return False
+
+
+def _server(kwargs: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """Host and port of the endpoint LiteLLM called."""
+    params = kwargs.get("litellm_params")
+    base = params.get("api_base") if isinstance(params, Mapping) else None
+    if not isinstance(base, str) or not base:
+        return None, None
+    parts = urlsplit(base)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is None:
+        port = {"https": 443, "http": 80}.get(parts.scheme)
+    return parts.hostname or None, port
+
+
+def _nanoseconds(moment: Any) -> int | None:
+    return int(moment.timestamp() * 1e9) if isinstance(moment, datetime) else None
+
+
+def _seconds(start: Any, end: Any) -> float | None:
+    if isinstance(start, datetime) and isinstance(end, datetime):
+        return max((end - start).total_seconds(), 0.0)
+    return None
+
+
+__all__ = ["SpecDecodeLiteLLMCallback"]

@@ -63,6 +63,10 @@ class CallPlan:
     include_usage: bool
     #: A context holding ``span``: the histogram records take it for their exemplars.
     context: Context
+    #: The JSON body as sent, for adapters whose reading depends on the request (e.g.
+    #: usage counts that are Predicted Outputs when the request carried ``prediction``).
+    #: Only adapters read it; nothing of it is recorded.
+    request: Mapping[str, Any] | None = None
 
 
 class Call:
@@ -92,13 +96,14 @@ class Call:
     # -- the ways a call ends ------------------------------------------------------
 
     def finish_object(self, obj: Any) -> None:
-        """A parsed SDK object (ChatCompletion, Completion, ParsedChatCompletion)."""
+        """A parsed SDK object (ChatCompletion, Completion, ParsedChatCompletion, or a
+        Responses API ``Response``)."""
         if self._claim():
             self._end_safely(
                 lambda: self._end(
-                    [ParsedResponse.from_sdk(obj)],
+                    [ParsedResponse.from_sdk(obj, self.plan.request)],
                     response_model=getattr(obj, "model", None),
-                    finish_reasons=[getattr(c, "finish_reason", None) for c in obj.choices or ()],
+                    finish_reasons=_finish_reasons(obj),
                     usage=getattr(obj, "usage", None),
                 )
             )
@@ -109,14 +114,16 @@ class Call:
             self._end_safely(lambda: self._end_dict(body))
 
     def _end_dict(self, body: Any) -> None:
-        parsed = ParsedResponse.from_dict(body) if isinstance(body, Mapping) else None
+        parsed = (
+            ParsedResponse.from_dict(body, self.plan.request) if isinstance(body, Mapping) else None
+        )
         if parsed is None:
             self._end([])
             return
         usage = parsed.usage or {}
         self._end(
             [parsed],
-            response_model=parsed.root.get("model"),
+            response_model=body.get("model"),
             finish_reasons=[c.get("finish_reason") for c in parsed.choices],
             input_tokens=usage.get("prompt_tokens"),
             output_tokens=usage.get("completion_tokens"),
@@ -137,12 +144,12 @@ class Call:
         if self._claim():
             self._end_safely(
                 lambda: self._end(
-                    [] if multi_sequence else [ParsedResponse.from_sdk(c) for c in chunks],
+                    []
+                    if multi_sequence
+                    else [ParsedResponse.from_sdk(c, self.plan.request) for c in chunks],
                     response_model=response_model,
                     finish_reasons=finish_reasons,
-                    usage=next(
-                        (c.usage for c in reversed(chunks) if getattr(c, "usage", None)), None
-                    ),
+                    usage=next(filter(None, map(_chunk_usage, reversed(chunks))), None),
                     error=error,
                     first_chunk_at=first_chunk_at,
                     read_to_end=read_to_end,
@@ -191,9 +198,13 @@ class Call:
         ended = time.perf_counter()
         plan = self.plan
         first_chunk = None if first_chunk_at is None else first_chunk_at - self.started
-        if usage is not None:
+        if usage is not None:  # Chat Completions names, else the Responses API's
             input_tokens = getattr(usage, "prompt_tokens", None)
+            if input_tokens is None:
+                input_tokens = getattr(usage, "input_tokens", None)
             output_tokens = getattr(usage, "completion_tokens", None)
+            if output_tokens is None:
+                output_tokens = getattr(usage, "output_tokens", None)
         input_tokens = input_tokens if _is_count(input_tokens) else None
         output_tokens = output_tokens if _is_count(output_tokens) else None
         response_model = (
@@ -268,6 +279,32 @@ class Call:
         if multi_sequence or self.plan.requested_sequences > 1:
             return Detection(None, Outcome.MULTI_SEQUENCE)
         return detect_outcome(responses)
+
+
+#: A Responses API status → a GenAI finish reason (as genai-openai maps them).
+RESPONSES_FINISH_REASONS: Mapping[str, str] = {
+    "completed": "stop",
+    "incomplete": "incomplete",
+    "failed": "failed",
+    "cancelled": "cancelled",
+}
+
+
+def _finish_reasons(obj: Any) -> list[Any]:
+    """Each choice's finish reason; for a Responses API ``Response``, its status's."""
+    choices = getattr(obj, "choices", None)
+    if choices is not None:
+        return [getattr(c, "finish_reason", None) for c in choices]
+    reason = RESPONSES_FINISH_REASONS.get(getattr(obj, "status", None) or "")
+    return [reason] if reason is not None else []
+
+
+def _chunk_usage(chunk: Any) -> Any:
+    """A chunk's usage; for a Responses stream event, its response's."""
+    usage = getattr(chunk, "usage", None)
+    if usage is None:
+        usage = getattr(getattr(chunk, "response", None), "usage", None)
+    return usage
 
 
 def _is_count(value: Any) -> bool:

@@ -55,7 +55,7 @@ def wrap_parsed(call: Call, parsed: Any, hide_usage: bool) -> Any:
         return SyncStreamProxy(parsed, call, hide_usage)
     if isinstance(parsed, AsyncStream):
         return AsyncStreamProxy(parsed, call, hide_usage)
-    if hasattr(parsed, "choices"):
+    if hasattr(parsed, "choices") or hasattr(parsed, "output"):  # output: a Responses API body
         call.finish_object(parsed)
     else:
         call.finish_empty()

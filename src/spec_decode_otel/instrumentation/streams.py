@@ -23,7 +23,7 @@ from typing import Any
 import wrapt
 
 from spec_decode_otel._logging import report_internal_error
-from spec_decode_otel.instrumentation.call import Call
+from spec_decode_otel.instrumentation.call import RESPONSES_FINISH_REASONS, Call
 from spec_decode_otel.record import MAX_CHOICES
 
 #: Chunks kept for detection: only those carrying something adapters read. "Last wins"
@@ -31,6 +31,10 @@ from spec_decode_otel.record import MAX_CHOICES
 KEEP_CHUNKS = 32
 #: Finish reasons reported at most (one per sequence).
 MAX_FINISH_REASONS = 16
+#: The Responses API stream events that carry the finished response.
+RESPONSES_TERMINAL_EVENTS = frozenset(
+    {"response.completed", "response.incomplete", "response.failed"}
+)
 
 
 class StreamObserver:
@@ -57,6 +61,8 @@ class StreamObserver:
                 self.first_at = time.perf_counter()
                 model = getattr(chunk, "model", None)
                 self.model = model if isinstance(model, str) else None
+            if not hasattr(chunk, "choices"):
+                return self._observe_event(chunk)
             choices = chunk.choices or ()
             keep = bool(chunk.model_extra) or chunk.usage is not None
             if len(choices) > 1:
@@ -76,6 +82,22 @@ class StreamObserver:
                 return not (self.hide_usage_chunk and not choices and chunk.usage is not None)
         except Exception:
             report_internal_error("stream.observe")
+        return True
+
+    def _observe_event(self, event: Any) -> bool:
+        """A Responses API stream event: kept when it carries a non-standard field
+        (llama.cpp's ``timings`` on ``response.completed``) or the finished response
+        (its usage, status and root fields, e.g. vLLM's ``metrics``)."""
+        response = getattr(event, "response", None)
+        if response is not None and self.model is None:
+            model = getattr(response, "model", None)
+            self.model = model if isinstance(model, str) else None
+        finished = getattr(event, "type", None) in RESPONSES_TERMINAL_EVENTS
+        if event.model_extra or finished:
+            self.kept.append(event)
+        reason = RESPONSES_FINISH_REASONS.get(getattr(response, "status", None) or "")
+        if finished and reason is not None and len(self.finish_reasons) < MAX_FINISH_REASONS:
+            self.finish_reasons.append(reason)
         return True
 
     def on_end(self) -> None:

@@ -40,11 +40,17 @@ from spec_decode_otel.telemetry import (
     SpecDecodeInstruments,
 )
 
-#: Endpoint path → GenAI operation name. Everything else passes through untouched.
+#: Endpoint path → GenAI operation name. Everything else passes through untouched. The
+#: Responses API is a chat operation in the GenAI conventions for OpenAI (genai-openai
+#: names its Responses spans ``chat`` too, so ``auto`` mode enriches them).
 OPERATIONS: Mapping[str, str] = {
     "/chat/completions": "chat",
     "/completions": "text_completion",
+    "/responses": "chat",
 }
+#: Endpoints whose requests the opt-in amendments (``include_usage``, engines'
+#: ``request_fields``) may change: the Responses API has neither field.
+_AMENDABLE = frozenset({"/chat/completions", "/completions"})
 PROVIDER = "openai"
 _TRACE_CONTEXT = TraceContextTextMapPropagator()
 
@@ -96,7 +102,11 @@ class Instrumentation:
         settings = self.settings
         model = body.get("model") if isinstance(body.get("model"), str) else None
         streaming = body.get("stream") is True
-        options, injected_usage = self._amend(options, body, streaming)
+        if options.url in _AMENDABLE:
+            options, injected_usage = self._amend(options, body, streaming)
+        else:
+            injected_usage = False
+        sent = options.json_data if isinstance(options.json_data, Mapping) else body
         host, port = _server(client)
         user = current_attributes()
 
@@ -146,6 +156,7 @@ class Instrumentation:
             genai_metrics=None if enrich and foreign else self.genai_metrics,
             per_step_max_length=settings.per_step_max_length if settings.record_per_step else None,
             requested_sequences=_requested_sequences(body),
+            request=sent,
             server=f"{host}:{port}",
             streaming=streaming,
             include_usage=injected_usage or asked_usage is True,

@@ -1,0 +1,182 @@
+"""The Responses API (``client.responses.create``), instrumented, over real HTTP.
+
+llama.cpp (b11312, PR ggml-org/llama.cpp#25348; checked against that build's
+``llama-server``) puts root ``timings`` on the ``response.completed`` stream event and
+nothing on a non-streamed response; vLLM 0.33.0 puts root ``metrics`` (timing fields
+only, ``build_per_request_timing_metrics``) on the response. The simulator subprocess
+speaks both; the same adapters read them. Usage comes as ``input_tokens`` /
+``output_tokens``. In ``auto`` mode a genai-openai Responses span (operation ``chat``)
+is enriched instead of getting a second span.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from instrumentation_helpers import MODEL, Otel
+from opentelemetry.trace import SpanKind
+
+from spec_decode_otel import record_from_json
+from spec_decode_otel.payloads import parse_payloads
+
+INPUT = "Describe a zebra-unicorn in exactly three words."
+
+
+def create_kwargs(engine: str, seed: int, *, stream: bool) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "input": INPUT,
+        "max_output_tokens": 40,
+        "stream": stream,
+        "extra_headers": {"x-spec-decode-engine": engine, "x-sim-seed": str(seed)},
+    }
+
+
+def raw(simulator_url: str, kwargs: dict[str, Any]) -> Any:
+    """The same request through plain httpx: the body, or the list of stream events."""
+    body = {k: v for k, v in kwargs.items() if k != "extra_headers"}
+    response = httpx.post(
+        simulator_url + "/responses", json=body, headers=kwargs["extra_headers"], timeout=30
+    )
+    response.raise_for_status()
+    return parse_payloads(response.text) if body["stream"] else response.json()
+
+
+def our_span(otel: Otel) -> Any:
+    (span,) = otel.our_spans()
+    return span
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_llamacpp_responses_stream_gives_the_timings_record(
+    instrumented: Otel,
+    openai_client: openai.OpenAI,
+    async_openai_client: openai.AsyncOpenAI,
+    simulator_url: str,
+    mode: str,
+) -> None:
+    kwargs = create_kwargs("llamacpp", 6101, stream=True)
+    if mode == "sync":
+        events = list(openai_client.responses.create(**kwargs))
+    else:
+        events = [e async for e in await async_openai_client.responses.create(**kwargs)]
+    assert events[-1].type == "response.completed"
+    assert "timings" in events[-1].model_extra  # the user still sees every event whole
+    payload = raw(simulator_url, kwargs)
+    timings = payload[-1]["timings"]
+    usage = payload[-1]["response"]["usage"]
+    span = our_span(instrumented)
+    attrs = dict(span.attributes or {})
+    assert span.name == f"chat {MODEL}" and span.kind is SpanKind.CLIENT
+    assert attrs["gen_ai.operation.name"] == "chat"
+    assert attrs["spec_decode.outcome"] == "partial"
+    assert attrs["spec_decode.engine"] == "llamacpp"
+    assert attrs["spec_decode.num_draft_tokens"] == timings["draft_n"]
+    assert attrs["spec_decode.num_accepted_draft_tokens"] == timings["draft_n_accepted"]
+    assert attrs["gen_ai.usage.input_tokens"] == usage["input_tokens"]
+    assert attrs["gen_ai.usage.output_tokens"] == usage["output_tokens"]
+    assert attrs["gen_ai.response.model"] == MODEL
+    assert list(attrs["gen_ai.response.finish_reasons"]) == ["stop"]
+    record = record_from_json(payload)
+    assert record is not None and record.completion_tokens == usage["output_tokens"]
+    assert attrs["spec_decode.draft_acceptance_rate"] == record.draft_acceptance_rate
+
+
+def test_the_responses_stream_helper_gives_the_same_record(
+    instrumented: Otel, openai_client: openai.OpenAI, simulator_url: str
+) -> None:
+    kwargs = create_kwargs("llamacpp", 6102, stream=True)
+    helper_kwargs = {k: v for k, v in kwargs.items() if k != "stream"}
+    with openai_client.responses.stream(**helper_kwargs) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_response()
+    assert final.usage is not None
+    timings = raw(simulator_url, kwargs)[-1]["timings"]
+    attrs = dict(our_span(instrumented).attributes or {})
+    assert attrs["spec_decode.outcome"] == "partial"
+    assert attrs["spec_decode.num_draft_tokens"] == timings["draft_n"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+def test_non_streamed_responses_today_carry_no_spec_decode_stats(
+    instrumented: Otel, openai_client: openai.OpenAI, simulator_url: str, engine: str
+) -> None:
+    """vLLM 0.33.0's Responses ``metrics`` holds timing fields only; llama.cpp b11312
+    sends no ``timings`` on a non-streamed response. The call still gets its span."""
+    kwargs = create_kwargs(engine, 6103, stream=False)
+    response = openai_client.responses.create(**kwargs)
+    body = raw(simulator_url, kwargs)
+    if engine == "vllm":
+        assert response.model_extra["metrics"]["speculative_decoding"] is None
+        assert body["metrics"]["tokens_per_second"] > 0
+    else:
+        assert "timings" not in body
+    attrs = dict(our_span(instrumented).attributes or {})
+    assert attrs["spec_decode.outcome"] == "no_stats"
+    assert attrs["gen_ai.usage.output_tokens"] == body["usage"]["output_tokens"]
+    assert attrs["gen_ai.usage.input_tokens"] == body["usage"]["input_tokens"]
+    assert list(attrs["gen_ai.response.finish_reasons"]) == ["stop"]
+    assert record_from_json(body) is None
+
+
+def test_responses_with_raw_response_ends_the_call_with_the_body(
+    instrumented: Otel, openai_client: openai.OpenAI
+) -> None:
+    kwargs = create_kwargs("vllm", 6104, stream=False)
+    raw_response = openai_client.responses.with_raw_response.create(**kwargs)
+    parsed = raw_response.parse()
+    attrs = dict(our_span(instrumented).attributes or {})
+    assert attrs["spec_decode.outcome"] == "no_stats"
+    assert attrs["gen_ai.usage.output_tokens"] == parsed.usage.output_tokens
+
+
+def test_auto_mode_enriches_a_genai_openai_responses_span(
+    otel: Otel, openai_client: openai.OpenAI, simulator_url: str
+) -> None:
+    """genai-openai 1.3b0 wraps ``Responses.create`` and names the span ``chat``
+    (util-genai's inference default); its span is current when our request-path wrapper
+    runs, so ``auto`` mode adds ``spec_decode.*`` to it and makes no second span."""
+    otel.instrument(mode="auto")
+    theirs = otel.tracer_provider.get_tracer("opentelemetry.instrumentation.genai.openai")
+    kwargs = create_kwargs("llamacpp", 6105, stream=True)
+    with theirs.start_as_current_span(
+        f"chat {MODEL}", kind=SpanKind.CLIENT, attributes={"gen_ai.operation.name": "chat"}
+    ):
+        list(openai_client.responses.create(**kwargs))
+    spans = otel.spans()
+    assert len(spans) == 1
+    attrs = dict(spans[0].attributes or {})
+    assert spans[0].instrumentation_scope.name == "opentelemetry.instrumentation.genai.openai"
+    assert attrs["spec_decode.outcome"] == "partial"
+    assert (
+        attrs["spec_decode.num_draft_tokens"]
+        == raw(simulator_url, kwargs)[-1]["timings"]["draft_n"]
+    )
+    assert "gen_ai.usage.output_tokens" not in attrs  # theirs to set, not ours
+
+
+def test_responses_requests_are_never_amended(
+    otel: Otel, openai_client: openai.OpenAI, simulator_url: str
+) -> None:
+    """The Responses API has neither ``stream_options.include_usage`` nor engines'
+    request fields: opt-in amendments leave its requests as the user wrote them."""
+    otel.instrument(inject_include_usage=True, request_engine_stats=("sglang",))
+    seen: list[bytes] = []
+
+    def record_request(request: httpx.Request) -> None:
+        seen.append(request.read())
+
+    with openai.OpenAI(
+        api_key="sk-test",
+        base_url=simulator_url,
+        max_retries=0,
+        http_client=httpx.Client(event_hooks={"request": [record_request]}),
+    ) as client:
+        list(client.responses.create(**create_kwargs("llamacpp", 6106, stream=True)))
+    (body,) = seen
+    assert b"include_usage" not in body and b"return_spec_tokens_details" not in body
+    assert dict(our_span(otel).attributes or {})["spec_decode.outcome"] == "partial"

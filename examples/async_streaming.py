@@ -1,6 +1,6 @@
 """Concurrent streaming with ``AsyncOpenAI``, and include-usage injection.
 
-Shows: ``spec_decode_otel.SpecDecodeInstrumentor().instrument(inject_include_usage=True)`` instruments every
+Shows: ``SpecDecodeInstrumentor().instrument(inject_include_usage=True)`` instruments every
 client in the process; vLLM sends streaming spec-decode stats only on the final usage
 chunk, which exists only when the request sets ``stream_options.include_usage``. With
 injection on, the instrumentation adds it to streaming requests that did not set it and

@@ -1,6 +1,6 @@
 """LangChain's ``ChatOpenAI``, instrumented: acceptance for every model call of a chain.
 
-Shows: ``spec_decode_otel.SpecDecodeInstrumentor().instrument()`` covers clients that a framework creates for
+Shows: ``SpecDecodeInstrumentor().instrument()`` covers clients that a framework creates for
 you. ``ChatOpenAI`` builds its own ``openai`` client and calls it through
 ``with_raw_response`` (always for ``invoke``; for ``stream`` too with
 ``include_response_headers=True``, used here). The instrumentation wraps the client's

@@ -27,6 +27,7 @@ from spec_decode_otel.instrumentation.genai_metrics import (
     M_OPERATION_DURATION,
     M_TOKEN_USAGE,
 )
+from spec_decode_otel.record import MAX_SPEC_TOKENS
 from spec_decode_otel.telemetry import (
     GEN_AI_REQUEST_MODEL,
     GEN_AI_RESPONSE_MODEL,
@@ -115,7 +116,12 @@ def test_invented_models_ks_and_tenants_stay_bounded() -> None:
                     client.chat.completions.create(
                         model=f"model-{i}",
                         messages=canary_messages(),
-                        extra_headers={"x-k": str(i + 1), "x-steps": "0,1,1,0"},
+                        # a new k per request (up to the largest the record allows):
+                        # more than BOUNDED values, moving together with the model
+                        extra_headers={
+                            "x-k": str(min(i + 1, MAX_SPEC_TOKENS)),
+                            "x-steps": "0,1,1,0",
+                        },
                     )
     finally:
         client.close()
@@ -143,17 +149,18 @@ def test_invented_models_ks_and_tenants_stay_bounded() -> None:
 
 
 def test_accepted_counts_and_positions_past_the_limit_fold_into_overflow() -> None:
-    """A draft of 1,000 tokens: positions and accepted counts past 64 are one series."""
+    """The longest draft the record allows: positions and accepted counts past 64 are one
+    series."""
     otel = Otel(keep_spans=False)
     client = mock_client(inventive_server)
-    long_steps = ",".join(str(j) for j in range(0, 1000, 7))
+    long_steps = ",".join(str(j) for j in range(0, MAX_SPEC_TOKENS + 1, 7))
     try:
         with instrumented(otel, genai_metrics=True):
             for _ in range(3):
                 client.chat.completions.create(
                     model="m",
                     messages=canary_messages(),
-                    extra_headers={"x-k": "1000", "x-steps": long_steps},
+                    extra_headers={"x-k": str(MAX_SPEC_TOKENS), "x-steps": long_steps},
                 )
     finally:
         client.close()
@@ -165,6 +172,6 @@ def test_accepted_counts_and_positions_past_the_limit_fold_into_overflow() -> No
     assert OVERFLOW_VALUE in steps_values[SD_ACCEPTED]
     assert OVERFLOW_VALUE in pos_values[SD_POSITION]
     assert set(pos_values[SD_POSITION]) - {OVERFLOW_VALUE} == set(range(MAX_DRAFT_POSITIONS))
-    # Folded, not dropped: all 143 steps of each request are still counted.
+    # Folded, not dropped: every step of each request is still counted.
     assert otel.counter_total(M_VERIFY_STEPS) == 3 * len(long_steps.split(","))
     otel.shutdown()

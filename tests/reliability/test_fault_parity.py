@@ -30,6 +30,8 @@ from spec_decode_otel.telemetry import (
     M_ACCEPTANCE_LENGTH,
     M_VERIFY_STEPS,
     SD_ENGINE,
+    SD_OUTCOME,
+    SD_READ_TO_END,
 )
 
 ENGINES = ("vllm", "vllm-premerge", "sglang", "trtllm", "llamacpp")
@@ -128,7 +130,12 @@ def _only_span(otel: Otel):  # type: ignore[no-untyped-def]
 
 
 def _spec_attrs(span: Any) -> dict[str, Any]:
-    return {k: v for k, v in span.attributes.items() if k.startswith("spec_decode.")}
+    # the record's attributes; the call's outcome is checked on its own
+    return {
+        k: v
+        for k, v in span.attributes.items()
+        if k.startswith("spec_decode.") and k not in (SD_OUTCOME, SD_READ_TO_END)
+    }
 
 
 def assert_error_span(otel: Otel, outcome: Outcome) -> None:

@@ -169,7 +169,3 @@ def parse_floats(text: str) -> tuple[float, ...]:
 def parse_ints(text: str) -> tuple[int, ...]:
     """'2,4,4,6' -> (2, 4, 4, 6)."""
     return tuple(int(x) for x in text.split(",") if x.strip())
-
-
-def as_profile(alphas: Sequence[float], schedule: Sequence[int]) -> AcceptanceProfile:
-    return AcceptanceProfile(alphas=tuple(alphas), schedule=tuple(schedule))

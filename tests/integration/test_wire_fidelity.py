@@ -245,3 +245,42 @@ def test_llamacpp_timings_stay_llamacpp(
     assert attrs["spec_decode.engine"] == "llamacpp"
     assert "spec_decode.draft_method" not in attrs
     assert "spec_decode.num_spec_steps" not in attrs
+
+
+@pytest.mark.parametrize(
+    ("engine", "body", "field"),
+    [
+        ("trtllm", None, "speculative_decoding"),
+        ("vllm-premerge", None, "speculative_decoding_stats"),
+        ("sglang", {"return_meta_info": True}, "meta_info"),
+        ("tokenspeed", {"return_meta_info": True}, "meta_info"),
+    ],
+)
+def test_litellm_proxy_moved_choice_fields_give_the_engines_record(
+    instrumented: Otel,
+    openai_client: openai.OpenAI,
+    simulator_url: str,
+    engine: str,
+    body: dict[str, Any] | None,
+    field: str,
+) -> None:
+    """LiteLLM's proxy moves per-choice fields into choices[i].provider_specific_fields
+    (the simulator's ``x-sim-gateway: litellm-proxy``); the record is the engine's own,
+    equal to the one read from the engine's direct answer."""
+    kwargs = kwargs_for(engine, 5110, body=body)
+    direct = raw_payload(simulator_url, "chat", kwargs)
+    kwargs["extra_headers"]["x-sim-gateway"] = "litellm-proxy"
+    (response,) = call(openai_client, kwargs)
+    choice_extra = response.choices[0].model_extra or {}
+    assert field not in choice_extra
+    moved, sent = choice_extra["provider_specific_fields"][field], direct["choices"][0][field]
+    assert {k: v for k, v in moved.items() if k != "id"} == {  # (meta_info has the request id)
+        k: v for k, v in sent.items() if k != "id"
+    }
+    record = record_from_json(direct)
+    assert record is not None
+    attrs = only_attributes(instrumented)
+    expected = record_attributes(record, None)
+    assert {k: attrs[k] for k in expected} == {
+        k: tuple(v) if isinstance(v, list) else v for k, v in expected.items()
+    }

@@ -78,7 +78,7 @@ def assert_matches_expected(record: SpecDecodeAcceptanceRecord | None, expected:
 
 def test_the_vector_directory_holds_every_wire_example():
     # An empty or half-copied directory must fail loudly, not parametrize to nothing.
-    assert len(VECTOR_FILES) >= 27
+    assert len(VECTOR_FILES) >= 26
     names = {p.stem for p in VECTOR_FILES}
     assert {"vllm_merged_summary_chat", "vllm_premerge_stream", "sglang_sglext_chat"} <= names
     assert {"sglang_lazy_histogram", "llamacpp_responses_stream", "litellm_proxy_trtllm"} <= names

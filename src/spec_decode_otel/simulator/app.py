@@ -14,6 +14,9 @@ Per-request headers:
 - ``x-sim-draft-schedule``: e.g. ``2,4,4,6`` (draft length per verify step, cycled)
 - ``x-sim-seed``: makes the request's sample depend on this seed alone
 - ``x-sim-fault``: see ``faults.py``; ``x-sim-delay-ms`` for ``slow`` (default 50)
+- ``x-sim-gateway``: ``litellm-proxy`` answers as LiteLLM's proxy does in front of the
+  engine: each choice's non-standard fields move into ``provider_specific_fields``
+  (root fields stay); non-streaming bodies only
 """
 
 from __future__ import annotations
@@ -53,6 +56,24 @@ HEADER_SCHEDULE = "x-sim-draft-schedule"
 HEADER_SEED = "x-sim-seed"
 HEADER_FAULT = "x-sim-fault"
 HEADER_DELAY = "x-sim-delay-ms"
+HEADER_GATEWAY = "x-sim-gateway"
+GATEWAYS = ("litellm-proxy",)
+#: The per-choice fields of OpenAI's chat and completion schemas (LiteLLM keeps these).
+_STANDARD_CHOICE_FIELDS = frozenset(
+    {"index", "message", "delta", "text", "logprobs", "finish_reason"}
+)
+
+
+def litellm_proxy(body: JSON) -> JSON:
+    """The body as LiteLLM's proxy returns it: per-choice fields it does not know go into
+    ``choices[i].provider_specific_fields``; root fields (``metrics``, ``sglext``,
+    ``timings``) survive."""
+    choices = []
+    for choice in body.get("choices") or ():
+        moved = {k: v for k, v in choice.items() if k not in _STANDARD_CHOICE_FIELDS}
+        kept = {k: v for k, v in choice.items() if k in _STANDARD_CHOICE_FIELDS}
+        choices.append({**kept, "provider_specific_fields": moved} if moved else kept)
+    return {**body, "choices": choices}
 
 
 class StreamOptions(BaseModel):
@@ -676,6 +697,11 @@ def create_app(config: SimulatorConfig | None = None) -> FastAPI:
                 error_body("Internal server error (simulated)", "server_error", "internal_error"),
                 500,
             )
+        gateway = (request.headers.get(HEADER_GATEWAY) or "").strip().lower()
+        if gateway and gateway not in GATEWAYS:
+            raise SimulatorError(
+                400, f"unknown {HEADER_GATEWAY}: {gateway!r}", "invalid_request_error", None
+            )
         plan = sim.plan(kind, req, request)
         server_metrics.count(c.generation for c in plan.choices)
         delay = _delay_seconds(request, faults, config)
@@ -685,7 +711,13 @@ def create_app(config: SimulatorConfig | None = None) -> FastAPI:
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache"},
             )
-        body = dumps(plan.responses_body() if kind == "responses" else plan.response()).encode()
+        if kind == "responses":
+            answer = plan.responses_body()
+        else:
+            answer = plan.response()
+            if gateway == "litellm-proxy":
+                answer = litellm_proxy(answer)
+        body = dumps(answer).encode()
         if delay:
             await asyncio.sleep(delay)
         if "drop-mid-stream" in faults:

@@ -35,6 +35,11 @@ step "llama.cpp server with speculative decoding (built from source on CPU; cach
 LLAMA_SERVER="$(bash scripts/install-llama-server.sh | tail -n 1)"
 export SPEC_DECODE_OTEL_LLAMA_SERVER="$LLAMA_SERVER"
 
+step "venvs of the other OpenAI instrumentations (coexistence matrix; cached)"
+# genai-openai, OpenInference and OpenLLMetry, one per venv: see the script for why.
+COEXISTENCE_VENVS="$(PYTHON="$PYTHON" bash scripts/install-coexistence-venvs.sh | tail -n 1)"
+export SPEC_DECODE_OTEL_COEXISTENCE_VENVS="$COEXISTENCE_VENVS"
+
 step "ruff"
 "$PYTHON" -m ruff check .
 "$PYTHON" -m ruff format --check .

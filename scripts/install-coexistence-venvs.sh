@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Build (or reuse) one virtual environment per OpenAI instrumentation that cannot share
+# the test environment, for the coexistence matrix (tests/integration/
+# test_coexistence_matrix.py). Prints the directory holding them on the last line of
+# stdout; everything else goes to stderr.
+#
+#   export SPEC_DECODE_OTEL_COEXISTENCE_VENVS="$(bash scripts/install-coexistence-venvs.sh | tail -n 1)"
+#
+# Why separate environments: every OpenAI instrumentation registers its
+# `opentelemetry_instrumentor` entry point under the same name (`openai`), so
+# `opentelemetry-instrument` loads every one installed; the test environment keeps only
+# opentelemetry-instrumentation-openai-v2 (the test extra pins it, and it needs
+# opentelemetry-util-genai 1.1b0 while genai-openai needs 1.3b0). Each venv below holds
+# exactly one other instrumentation, spec-decode-otel's dependencies and openai, at the
+# versions the test environment has (used as constraints). spec-decode-otel itself is not
+# installed: the tests put the work tree's src/ and a copy of its metadata on PYTHONPATH.
+#
+# Environment:
+#   SPEC_DECODE_OTEL_CACHE  cache root (default: $HOME/.cache/spec-decode-otel)
+#   PYTHON                  interpreter of the test environment (default: python3)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PYTHON="${PYTHON:-python3}"
+CACHE_ROOT="${SPEC_DECODE_OTEL_CACHE:-${HOME}/.cache/spec-decode-otel}"
+log() { printf '[install-coexistence-venvs] %s\n' "$*" >&2; }
+
+# name -> the instrumentation (pinned: the matrix's claims are about these releases)
+declare -A VENVS=(
+  [genai-openai]="opentelemetry-instrumentation-genai-openai==1.3b0 opentelemetry-util-genai==1.3b0"
+  [openinference]="openinference-instrumentation-openai==0.1.66"
+  [openllmetry]="opentelemetry-instrumentation-openai==0.62.4"
+)
+
+# The test environment's versions of what the venvs share with it.
+constraints="$("$PYTHON" -m pip list --format=freeze --disable-pip-version-check 2>/dev/null |
+  grep -iE '^(openai|opentelemetry-(api|sdk|proto|exporter-[a-z-]+|instrumentation|distro|semantic-conventions)|pydantic|pydantic-core|wrapt|httpx2?|protobuf)==' |
+  sort)"
+# spec-decode-otel's own requirements with the extras the app uses (openai, SDK + OTLP).
+requirements="$("$PYTHON" -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; x = p["optional-dependencies"]; print("\n".join(p["dependencies"] + x["instruments"] + x["otlp"]))')"
+key="$(printf '%s\n%s\n%s\n' "$("$PYTHON" -VV)" "$constraints" "$requirements" | sha256sum | cut -c1-16)"
+ROOT="${CACHE_ROOT}/coexistence-${key}"
+
+mkdir -p "${CACHE_ROOT}"
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"${CACHE_ROOT}/.coexistence.lock"
+  flock 9
+fi
+
+for name in "${!VENVS[@]}"; do
+  venv="${ROOT}/${name}"
+  if [[ -f "${venv}/.complete" ]]; then
+    log "cached: ${venv}"
+    continue
+  fi
+  log "building ${venv}: ${VENVS[$name]}"
+  rm -rf "${venv}"
+  "$PYTHON" -m venv "${venv}"
+  printf '%s\n' "$constraints" >"${venv}/constraints.txt"
+  # shellcheck disable=SC2086  # the package list is split on purpose
+  "${venv}/bin/python" -m pip install --quiet --disable-pip-version-check \
+    -c "${venv}/constraints.txt" $requirements opentelemetry-distro ${VENVS[$name]}
+  touch "${venv}/.complete"
+done
+# Venvs built for other requirements are of no more use.
+find "${CACHE_ROOT}" -maxdepth 1 -name 'coexistence-*' ! -path "${ROOT}" -exec rm -rf {} +
+echo "${ROOT}"

@@ -1,0 +1,198 @@
+"""An ``openai`` application next to another OpenAI instrumentation, for the coexistence
+matrix (``test_coexistence_matrix.py`` runs it in a fresh process per case).
+
+Environment:
+  SIMULATOR_URL  the simulator's base URL
+  COEX_WAY       ``instrument``: this script sets up SDK providers exporting OTLP/HTTP to
+                 ``OTLP_ENDPOINT`` and instruments in ``COEX_ORDER``; ``zero-code``: it
+                 runs under ``opentelemetry-instrument``, which did all of that already
+  COEX_OTHER     openai-v2 | genai-openai | openinference | openllmetry
+  COEX_ORDER     theirs-first | ours-first | theirs-only | ours-only
+
+Every call runs under a root span of its own named ``call <label>``, so the test groups
+the exported spans by call. In the instrument way the script then uninstruments
+spec-decode-otel, makes one more call, and makes two calls through a client instrumented
+with ``instrument_client``. It prints one JSON line: which wrappers sat where.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+from typing import Any
+
+import openai
+from opentelemetry import trace
+
+from spec_decode_otel import SpecDecodeInstrumentor, instrument_client
+
+URL = os.environ["SIMULATOR_URL"]
+WAY = os.environ["COEX_WAY"]
+OTHER = os.environ["COEX_OTHER"]
+ORDER = os.environ["COEX_ORDER"]
+MESSAGES = [{"role": "user", "content": "Name three prime numbers."}]
+
+#: The other instrumentation's instrumentor class, by the matrix's name for it.
+INSTRUMENTORS = {
+    "openai-v2": "opentelemetry.instrumentation.openai_v2",
+    "genai-openai": "opentelemetry.instrumentation.genai.openai",
+    "openinference": "openinference.instrumentation.openai",
+    "openllmetry": "opentelemetry.instrumentation.openai",
+}
+
+#: (class, attribute) pairs that some instrumentation wraps: ours, or one of the others.
+WATCHED = (
+    ("openai._base_client", "SyncAPIClient", "request"),
+    ("openai._base_client", "AsyncAPIClient", "request"),
+    ("openai", "OpenAI", "request"),
+    ("openai", "AsyncOpenAI", "request"),
+    ("openai.resources.chat.completions", "Completions", "create"),
+    ("openai.resources.chat.completions", "AsyncCompletions", "create"),
+    ("openai.resources.completions", "Completions", "create"),
+)
+
+
+def snapshot() -> dict[str, Any]:
+    """What each watched class holds in its own ``__dict__`` (None: inherited)."""
+    out = {}
+    for module, cls, name in WATCHED:
+        klass = getattr(importlib.import_module(module), cls)
+        out[f"{module}.{cls}.{name}"] = klass.__dict__.get(name)
+    return out
+
+
+def expected(key: str, snapshots: dict[str, dict[str, Any]], current: dict[str, Any]) -> Any:
+    """What ``key`` must hold once ours is uninstrumented."""
+    if "before ours" not in snapshots:
+        return current[key]  # never instrumented: uninstrument changes nothing
+    if ORDER == "ours-first" and snapshots["after theirs"][key] is not snapshots["after ours"][key]:
+        return snapshots["after theirs"][key]  # theirs, put there after us
+    return snapshots["before ours"][key]
+
+
+def headers(seed: int) -> dict[str, str]:
+    return {"x-sim-seed": str(seed)}
+
+
+def sync_calls(client: openai.OpenAI, labels: tuple[str, ...], seed: int) -> None:
+    tracer = trace.get_tracer("coexistence-app")
+    for i, label in enumerate(labels):
+        with tracer.start_as_current_span(f"call {label}"):
+            kwargs: dict[str, Any] = {"model": "spec-sim", "extra_headers": headers(seed + i)}
+            if label.endswith("completions"):
+                client.completions.create(prompt="Name three prime numbers.", **kwargs)
+            elif label.endswith("stream"):
+                stream = client.chat.completions.create(
+                    messages=MESSAGES, stream=True, stream_options={"include_usage": True}, **kwargs
+                )
+                for _ in stream:
+                    pass
+            else:
+                client.chat.completions.create(messages=MESSAGES, **kwargs)
+
+
+async def async_calls(client: openai.AsyncOpenAI, seed: int) -> None:
+    tracer = trace.get_tracer("coexistence-app")
+    with tracer.start_as_current_span("call async-chat"):
+        await client.chat.completions.create(
+            model="spec-sim", messages=MESSAGES, extra_headers=headers(seed)
+        )
+    with tracer.start_as_current_span("call async-chat-stream"):
+        stream = await client.chat.completions.create(
+            model="spec-sim",
+            messages=MESSAGES,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers=headers(seed + 1),
+        )
+        async for _ in stream:
+            pass
+    await client.close()
+
+
+def providers() -> tuple[Any, Any]:
+    """SDK providers exporting over OTLP/HTTP (the instrument way sets its own up)."""
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    endpoint = os.environ["OTLP_ENDPOINT"]
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(
+        SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces"))
+    )
+    reader = PeriodicExportingMetricReader(
+        OTLPMetricExporter(endpoint=f"{endpoint}/v1/metrics"), export_interval_millis=600_000
+    )
+    meter_provider = MeterProvider(metric_readers=[reader])
+    trace.set_tracer_provider(tracer_provider)
+    return tracer_provider, meter_provider
+
+
+def main() -> None:
+    from importlib.metadata import entry_points
+
+    # The order opentelemetry-instrument loads instrumentors in (it walks this list).
+    loaders = entry_points(group="opentelemetry_instrumentor")
+    report: dict[str, Any] = {
+        "entry_points": [ep.name for ep in loaders if ep.name in ("openai", "spec_decode")]
+    }
+    tracer_provider = meter_provider = None
+    if WAY == "instrument":
+        tracer_provider, meter_provider = providers()
+        telemetry = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
+        theirs = importlib.import_module(INSTRUMENTORS[OTHER]).OpenAIInstrumentor()
+        steps = {
+            "theirs-first": ("theirs", "ours"),
+            "ours-first": ("ours", "theirs"),
+            "theirs-only": ("theirs",),
+            "ours-only": ("ours",),
+        }[ORDER]
+        snapshots = {"start": snapshot()}
+        for step in steps:
+            if step == "ours":
+                snapshots["before ours"] = snapshot()
+                SpecDecodeInstrumentor().instrument(**telemetry)
+                snapshots["after ours"] = snapshot()
+            else:
+                theirs.instrument(**telemetry)
+                snapshots["after theirs"] = snapshot()
+
+    client = openai.OpenAI(base_url=URL, api_key="sk-test", max_retries=0)
+    async_client = openai.AsyncOpenAI(base_url=URL, api_key="sk-test", max_retries=0)
+    sync_calls(client, ("chat", "chat-stream", "completions"), seed=21)
+    asyncio.run(async_calls(async_client, seed=31))
+
+    if WAY == "instrument":
+        # Uninstrument ours: each attribute holds what it held before we came, unless the
+        # other instrumentation put something there after us (then that stays).
+        before_uninstrument = snapshot()
+        SpecDecodeInstrumentor().uninstrument()
+        after = snapshot()
+        report["restored"] = {
+            key: after[key] is expected(key, snapshots, before_uninstrument) for key in after
+        }
+        sync_calls(client, ("after-uninstrument",), seed=41)
+        # instrument_client on a fresh client, the process-wide instrumentation gone.
+        one = openai.OpenAI(base_url=URL, api_key="sk-test", max_retries=0)
+        if ORDER != "theirs-only":
+            instrument_client(one, **telemetry)
+        sync_calls(one, ("client-chat", "client-chat-stream"), seed=51)
+        one.close()
+        now = snapshot()
+        report["instrument_client_kept_classes"] = all(now[key] is after[key] for key in now)
+
+    client.close()
+    if tracer_provider is not None:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,390 @@
+"""Coexistence matrix: every other OpenAI instrumentation, in both load orders, through
+``instrument()`` and through ``opentelemetry-instrument``, with nothing faked.
+
+The others, real and pinned: opentelemetry-instrumentation-openai-v2 2.4b0 (the test
+environment), its successor opentelemetry-instrumentation-genai-openai 1.3b0,
+OpenInference (openinference-instrumentation-openai 0.1.66) and OpenLLMetry
+(opentelemetry-instrumentation-openai 0.62.4). The last three live in venvs that
+``scripts/install-coexistence-venvs.sh`` builds (they cannot share the test environment:
+see that script). Each case is a fresh process running ``coexistence_app.py`` (OpenLLMetry's
+uninstrument leaves its wrapper, so no process instruments twice), exporting OTLP/HTTP to
+a receiver in this process; its spans are grouped by the app's per-call root span.
+
+For every call (sync and async chat, streamed and not, legacy completions) a case must
+show: exactly one span carrying ``spec_decode.*``, with the figures the server sent (those
+of the same seeded call with spec-decode-otel alone); the other instrumentation's spans,
+attributes and metrics exactly as with it alone. In the instrument way also:
+``uninstrument()`` puts back what each class attribute held before (keeping what the other
+put there after us), after which no call is recorded; ``instrument_client()`` records
+each call once and touches no class.
+
+Load order under ``opentelemetry-instrument`` is entry-point order, i.e. the order the
+distributions are found on ``sys.path``: each case puts a copy of the two distributions'
+metadata on ``PYTHONPATH`` in the order wanted (the first found of a name wins) and the
+app reports the order it saw.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from otlp_values import otlp_attributes
+from spec_decode_otel.instrumentation.coexistence import FOREIGN_SCOPES
+from spec_decode_otel.telemetry import SCOPE_NAME
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+APP = HERE / "coexistence_app.py"
+APP_SCOPE = "coexistence-app"
+
+#: name in the matrix -> (venv name or None for the test environment, distribution)
+OTHERS = {
+    "openai-v2": (None, "opentelemetry-instrumentation-openai-v2"),
+    "genai-openai": ("genai-openai", "opentelemetry-instrumentation-genai-openai"),
+    "openinference": ("openinference", "openinference-instrumentation-openai"),
+    "openllmetry": ("openllmetry", "opentelemetry-instrumentation-openai"),
+}
+WAYS = ("instrument", "zero-code")
+ORDERS = ("theirs-first", "ours-first")
+CALLS = ("chat", "chat-stream", "completions", "async-chat", "async-chat-stream")
+AFTER_UNINSTRUMENT = "after-uninstrument"
+CLIENT_CALLS = ("client-chat", "client-chat-stream")
+#: Their attributes that differ from run to run whoever is installed: response ids,
+#: timings, and OpenInference's copy of the whole response body (which holds both).
+VARYING = frozenset({"gen_ai.response.id", "gen_ai.response.time_to_first_chunk", "output.value"})
+
+
+# --------------------------------------------------------------------------- OTLP in
+
+
+@dataclass
+class Sink:
+    """What one process exported: OTLP/HTTP protobuf requests, decoded."""
+
+    traces: list[ExportTraceServiceRequest] = field(default_factory=list)
+    metrics: list[ExportMetricsServiceRequest] = field(default_factory=list)
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP receiver on loopback (instrumentation scope included, unlike a
+    flattened view); one per case."""
+
+    def __init__(self) -> None:
+        self.sink = Sink()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                if self.headers.get("content-encoding") == "gzip":
+                    body = gzip.decompress(body)
+                if self.path.endswith("/v1/traces"):
+                    receiver.sink.traces.append(ExportTraceServiceRequest.FromString(body))
+                elif self.path.endswith("/v1/metrics"):
+                    receiver.sink.metrics.append(ExportMetricsServiceRequest.FromString(body))
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# --------------------------------------------------------------------------- one case
+
+
+@dataclass(frozen=True)
+class Span:
+    trace_id: str
+    scope: str
+    name: str
+    kind: int
+    attributes: dict[str, Any]
+
+    @property
+    def spec_decode(self) -> dict[str, Any]:
+        return {k: v for k, v in self.attributes.items() if k.startswith("spec_decode.")}
+
+    def theirs_view(self) -> tuple[Any, ...]:
+        """What the other instrumentation made: everything but our attributes and the
+        values that change from run to run."""
+        attrs = {k: v for k, v in self.attributes.items() if not k.startswith("spec_decode.")}
+        shown = {k: ("<varies>" if k in VARYING else v) for k, v in attrs.items()}
+        return (self.scope, self.name, self.kind, json.dumps(shown, sort_keys=True))
+
+
+@dataclass
+class Case:
+    report: dict[str, Any]
+    calls: dict[str, list[Span]]  # label -> the call's spans, its root excluded
+    metrics: dict[tuple[str, str], float]  # (scope, metric) -> total
+
+    def ours(self, label: str) -> list[Span]:
+        return [s for s in self.calls[label] if s.spec_decode]
+
+    def theirs(self, label: str) -> list[tuple[Any, ...]]:
+        return sorted(s.theirs_view() for s in self.calls[label] if s.scope != SCOPE_NAME)
+
+    def their_metrics(self) -> dict[tuple[str, str], float]:
+        return {k: v for k, v in self.metrics.items() if k[0] != SCOPE_NAME}
+
+
+def decode(sink: Sink) -> tuple[dict[str, list[Span]], dict[tuple[str, str], float]]:
+    spans = [
+        Span(
+            span.trace_id.hex(),
+            scope_spans.scope.name,
+            span.name,
+            span.kind,
+            otlp_attributes(span),
+        )
+        for request in sink.traces
+        for resource_spans in request.resource_spans
+        for scope_spans in resource_spans.scope_spans
+        for span in scope_spans.spans
+    ]
+    roots = {s.trace_id: s.name.removeprefix("call ") for s in spans if s.scope == APP_SCOPE}
+    assert len(roots) == len([s for s in spans if s.scope == APP_SCOPE]), "one root per call"
+    calls: dict[str, list[Span]] = {label: [] for label in roots.values()}
+    for span in spans:
+        assert span.trace_id in roots, f"a span outside every call: {span}"
+        if span.scope != APP_SCOPE:
+            calls[roots[span.trace_id]].append(span)
+    metrics: dict[tuple[str, str], float] = {}
+    for request in sink.metrics:  # cumulative: the last export holds the totals
+        for resource_metrics in request.resource_metrics:
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    kind = metric.WhichOneof("data")
+                    points = getattr(metric, kind).data_points
+                    total = sum(
+                        p.count if kind in ("histogram", "exponential_histogram")
+                        else p.as_int or p.as_double
+                        for p in points
+                    )  # fmt: skip
+                    metrics[(scope_metrics.scope.name, metric.name)] = total
+    return calls, metrics
+
+
+def distribution_files(python: str, name: str) -> dict[str, Any]:
+    """A distribution's metadata as ``python``'s environment has it."""
+    script = (
+        "import importlib.metadata as m, json, sys; d = m.distribution(sys.argv[1]); "
+        "print(json.dumps({'name': d.metadata['Name'], 'version': d.version, "
+        "'files': {f: d.read_text(f) for f in ('METADATA', 'entry_points.txt')}}))"
+    )
+    done = subprocess.run(
+        [python, "-c", script, name], capture_output=True, text=True, check=True, timeout=60
+    )
+    return json.loads(done.stdout)
+
+
+def metadata_dir(root: Path, dist: dict[str, Any]) -> Path:
+    """A directory holding only a copy of ``dist``'s metadata (so its entry points)."""
+    where = root / dist["name"]
+    normalized = dist["name"].replace("-", "_").replace(".", "_").lower()
+    info = where / f"{normalized}-{dist['version']}.dist-info"
+    info.mkdir(parents=True)
+    for name, text in dist["files"].items():
+        (info / name).write_text(text or "", encoding="utf-8")
+    return where
+
+
+@dataclass
+class Matrix:
+    """Runs each case once, two at a time (a case is mostly a process starting up)."""
+
+    simulator_url: str
+    venvs: Path
+    workdir: Path
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2))
+    cases: dict[tuple[str, str, str], Future[Case]] = field(default_factory=dict)
+
+    def python(self, other: str) -> str:
+        venv = OTHERS[other][0]
+        return sys.executable if venv is None else str(self.venvs / venv / "bin" / "python")
+
+    def start(self, other: str, way: str, order: str) -> None:
+        key = (other, way, order)
+        if key not in self.cases:
+            self.cases[key] = self.pool.submit(self._run, other, way, order)
+
+    def run(self, other: str, way: str, order: str) -> Case:
+        self.start(other, way, order)
+        return self.cases[(other, way, order)].result()
+
+    def _run(self, other: str, way: str, order: str) -> Case:
+        python = self.python(other)
+        ours = metadata_dir(
+            self.workdir / f"{other}-{way}-{order}-ours",
+            distribution_files(sys.executable, "spec-decode-otel"),
+        )
+        theirs = metadata_dir(
+            self.workdir / f"{other}-{way}-{order}-theirs",
+            distribution_files(python, OTHERS[other][1]),
+        )
+        first, second = (theirs, ours) if order.startswith("theirs") else (ours, theirs)
+        receiver = OtlpReceiver()
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_", "PYTHON"))
+        }
+        env |= {
+            "PYTHONPATH": os.pathsep.join(map(str, (first, second, REPO / "src"))),
+            "SIMULATOR_URL": self.simulator_url,
+            "COEX_WAY": way,
+            "COEX_OTHER": other,
+            "COEX_ORDER": order,
+            "OTLP_ENDPOINT": receiver.endpoint,
+        }
+        argv = [python, str(APP)]
+        if way == "zero-code":
+            argv = [str(Path(python).parent / "opentelemetry-instrument"), *argv]
+            env |= {
+                "OTEL_SERVICE_NAME": "coexistence-app",
+                "OTEL_TRACES_EXPORTER": "otlp",
+                "OTEL_METRICS_EXPORTER": "otlp",
+                "OTEL_LOGS_EXPORTER": "none",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+                "OTEL_BSP_SCHEDULE_DELAY": "50",
+                "OTEL_METRIC_EXPORT_INTERVAL": "600000",
+            }
+            disabled = {"theirs-only": "spec_decode", "ours-only": "openai"}.get(order)
+            if disabled:
+                env["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] = disabled
+        try:
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
+        finally:
+            receiver.close()
+        assert done.returncode == 0, done.stderr[-3000:]
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+        calls, metrics = decode(receiver.sink)
+        return Case(report, calls, metrics)
+
+
+@pytest.fixture(scope="module")
+def coexistence_venvs() -> Path:
+    """The venvs of the instrumentations the test environment cannot hold; scripts/test.sh
+    builds them (cached) and exports their directory; a bare pytest run builds them here."""
+    given = os.environ.get("SPEC_DECODE_OTEL_COEXISTENCE_VENVS")
+    if given:
+        return Path(given)
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "install-coexistence-venvs.sh")],
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def matrix(simulator_url: str, coexistence_venvs: Path) -> Iterator[Matrix]:
+    with tempfile.TemporaryDirectory() as workdir:
+        matrix = Matrix(simulator_url, coexistence_venvs, Path(workdir))
+        for other in OTHERS:  # every case starts now; each test waits for its own
+            for way in WAYS:
+                for order in ("theirs-only", *ORDERS):
+                    matrix.start(other, way, order)
+        for way in WAYS:
+            matrix.start("openai-v2", way, "ours-only")
+        try:
+            yield matrix
+        finally:
+            matrix.pool.shutdown(cancel_futures=True)
+
+
+# --------------------------------------------------------------------------- the matrix
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("other", list(OTHERS))
+def test_every_call_has_one_spec_decode_span_and_theirs_intact(
+    matrix: Matrix, other: str, way: str, order: str
+) -> None:
+    case = matrix.run(other, way, order)
+    alone = matrix.run(other, way, "theirs-only")
+    ours_alone = matrix.run("openai-v2", way, "ours-only")
+
+    if way == "zero-code":
+        expected = (
+            ["openai", "spec_decode"] if order == "theirs-first" else ["spec_decode", "openai"]
+        )
+        assert case.report["entry_points"] == expected
+
+    labels = [*CALLS, AFTER_UNINSTRUMENT, *CLIENT_CALLS] if way == "instrument" else list(CALLS)
+    assert sorted(case.calls) == sorted(labels)
+    for label in labels:
+        ours = case.ours(label)
+        if label == AFTER_UNINSTRUMENT:
+            assert ours == [], "recorded after uninstrument()"
+        else:
+            assert len(ours) == 1, (label, [(s.scope, s.name) for s in case.calls[label]])
+            (theirs_alone_span,) = ours_alone.ours(label)
+            assert ours[0].spec_decode == theirs_alone_span.spec_decode, label
+            assert ours[0].spec_decode["spec_decode.engine"] == "vllm"
+        # Theirs: the same spans with the same attributes as with it alone.
+        assert case.theirs(label) == alone.theirs(label), label
+    assert case.their_metrics() == alone.their_metrics()
+    # Our metrics: each recorded call once.
+    recorded = len(labels) - (1 if way == "instrument" else 0)
+    assert case.metrics[(SCOPE_NAME, "spec_decode.acceptance_length")] == recorded
+
+    if way == "instrument":
+        assert case.report["restored"] == dict.fromkeys(case.report["restored"], True)
+        assert case.report["instrument_client_kept_classes"] is True
+
+
+def test_each_other_instrumentation_makes_spans_of_its_own_scope(matrix: Matrix) -> None:
+    """The scopes coexistence.py recognises are the ones these releases use, and each
+    of them made a span for every call it wraps (the matrix compares real telemetry)."""
+    scopes = {}
+    for other in OTHERS:
+        alone = matrix.run(other, "instrument", "theirs-only")
+        scopes[other] = Counter(s.scope for label in CALLS for s in alone.calls[label])
+    assert scopes == {
+        # chat only (sync, async, streamed or not); util-genai's handler makes the spans
+        "openai-v2": {"opentelemetry.util.genai.handler": 4},
+        "genai-openai": {"opentelemetry.instrumentation.genai.openai": 4},
+        "openinference": {"openinference.instrumentation.openai": 5},
+        "openllmetry": {"opentelemetry.instrumentation.openai.v1": 5},
+    }
+    for other in ("genai-openai", "openinference", "openllmetry"):
+        assert set(scopes[other]) <= FOREIGN_SCOPES, other

@@ -28,6 +28,7 @@ from oteltap import OtelTapHttpProtobufReceiver, OtelTapHttpProtobufReceiverSett
 
 import spec_decode_otel
 from otlp_values import otlp_attributes
+from spec_decode_otel.adapters import ParsedResponse, SpecDecodeAdapter
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -499,7 +500,7 @@ def test_custom_adapter_installs_and_is_found(tmp_path: Path) -> None:
         cwd=tmp_path,  # not the repository: the adapter must come from the installed package
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "adapters: vllm, sglang, tensorrt_llm, llamacpp, xspec" in check.stdout
+    assert "adapters: vllm, sglang, tensorrt_llm, llamacpp, usage_details, xspec" in check.stdout
     record = json.loads(check.stdout.split("record: ", 1)[1])
     assert record["engine"] == "xspec"
     assert record["mean_acceptance_length"] == pytest.approx(1 + 21 / 12)
@@ -544,8 +545,8 @@ def _xspec_adapter() -> Any:
 )
 def test_custom_adapter_rules(stats: dict[str, Any], usable: bool) -> None:
     adapter = _xspec_adapter()
-    assert isinstance(adapter, type) and isinstance(adapter(), spec_decode_otel.SpecDecodeAdapter)
-    responses = [spec_decode_otel.ParsedResponse.from_dict({**XSPEC_BODY, "x_spec": stats})]
+    assert isinstance(adapter, type) and isinstance(adapter(), SpecDecodeAdapter)
+    responses = [ParsedResponse.from_dict({**XSPEC_BODY, "x_spec": stats})]
     assert adapter.can_adapt(responses)
     record = adapter.adapt(responses)
     assert (record is not None) == usable
@@ -556,7 +557,7 @@ def test_custom_adapter_rules(stats: dict[str, Any], usable: bool) -> None:
 
 def test_custom_adapter_leaves_other_payloads_alone() -> None:
     adapter = _xspec_adapter()
-    plain = [spec_decode_otel.ParsedResponse.from_dict({"choices": [], "usage": None})]
+    plain = [ParsedResponse.from_dict({"choices": [], "usage": None})]
     assert not adapter.can_adapt(plain)
     two = {**XSPEC_BODY, "choices": [{"index": 0}, {"index": 1}]}
-    assert adapter.adapt([spec_decode_otel.ParsedResponse.from_dict(two)]) is None
+    assert adapter.adapt([ParsedResponse.from_dict(two)]) is None

@@ -253,15 +253,15 @@ async def test_stream_helper_left_early_ends_its_span_at_exit(
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-async def test_responses_api_passes_through_untouched(
+async def test_other_endpoints_pass_through_untouched(
     mode: str, otel: Otel, openai_client: Any, async_openai_client: Any
 ) -> None:
     async def attempt() -> openai.NotFoundError:
         with pytest.raises(openai.NotFoundError) as info:
             if mode == "sync":
-                openai_client.responses.create(model=MODEL, input="hello")
+                openai_client.embeddings.create(model=MODEL, input="hello")
             else:
-                await async_openai_client.responses.create(model=MODEL, input="hello")
+                await async_openai_client.embeddings.create(model=MODEL, input="hello")
         return info.value
 
     bare = await attempt()

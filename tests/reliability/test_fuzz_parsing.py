@@ -519,7 +519,7 @@ def test_mutated_bodies_through_the_instrumented_sdk(engine_payloads, sdk_pair, 
         # loop) is recorded from the chunks read, one per data line: that prefix is what
         # the offline parser must agree with.
         seen = payload if not stream or wrapped[0] == "ok" else chunks[: len(read)]
-        expected = record_from_json(seen)
+        expected = record_from_json(seen, request)  # the live path knows the request too
         assert expected is not None, "the live path made a record the offline parser refuses"
         on_span = {
             k: v

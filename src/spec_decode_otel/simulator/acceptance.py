@@ -22,7 +22,6 @@ So the last step yields exactly the tokens that remain and no identity ever brea
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 

@@ -5,7 +5,7 @@ XSpec puts its per-request stats at the response root (for streams: on the last 
     "x_spec": {"steps": 12, "accepted": 21, "drafted": 36}
 
 An adapter is a class with an ``engine`` name and two classmethods, ``can_adapt`` and
-``adapt``, taking the request's responses as ``spec_decode_otel.ParsedResponse`` objects
+``adapt``, taking the request's responses as ``spec_decode_otel.adapters.ParsedResponse`` objects
 (one for a body, one per chunk for a stream). spec-decode-otel finds it through the
 ``spec_decode_otel.adapters`` entry point declared in this package's pyproject.toml.
 """
@@ -17,7 +17,8 @@ from typing import ClassVar
 
 from pydantic import ValidationError
 
-from spec_decode_otel import ParsedResponse, SpecDecodeAcceptanceRecord
+from spec_decode_otel import SpecDecodeAcceptanceRecord
+from spec_decode_otel.adapters import ParsedResponse
 
 __all__ = ["XSpecAdapter"]
 

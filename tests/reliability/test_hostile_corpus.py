@@ -1,0 +1,163 @@
+"""The worst case, through the real instrumented client: every body of the hostile corpus
+(``benchmarks/hostile.py``: huge histogram keys, huge k, 10**6-entry arrays, deep nesting,
+10**4 choices, NaN/inf/bool/str where ints belong, duplicate keys, unicode keys, bodies up
+to 16 MiB, a stream whose every chunk carries huge-key stats) costs the instrumentation
+less than ``5 ms per MiB + 2 µs per chunk`` of CPU and less than 10x the body in extra
+memory, and gives a record exactly when the offline parser finds a valid one.
+
+Own CPU: the instrumented call minus the same call uninstrumented, on the same body in the
+same process (two real ``openai`` clients replaying it through the SDK's own in-process
+transport, one instrumented with ``instrument_client``), each the least of several calls
+timed by this thread's CPU clock with the garbage collector off. A body whose difference
+is over budget is timed again, up to ``MAX_PAIRS`` pairs (the machine is shared: one slow
+call is no verdict; a real excess stays in every pair). Extra memory: the traced peak of
+the instrumented call minus the bare one's (tracemalloc).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+from reliability_helpers import API_KEY, MOCK_BASE_URL, Otel
+
+from spec_decode_otel import instrument_client, record_from_text
+from spec_decode_otel.record import MAX_SPEC_TOKENS
+from spec_decode_otel.telemetry import SD_ENGINE, SD_OUTCOME
+
+MIB = 1 << 20
+CPU_PER_MIB = 5e-3  # seconds
+CPU_PER_CHUNK = 2e-6
+MEMORY_FACTOR = 10
+MIN_PAIRS, MAX_PAIRS = 3, 24
+#: Stop adding pairs to a body after this much CPU (the SDK alone takes ~0.6 s for a
+#: body of 10**4 choices).
+SECONDS_PER_BODY = 10.0
+
+
+def _load_corpus() -> Any:
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "hostile.py"
+    spec = importlib.util.spec_from_file_location("hostile_corpus", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+hostile = _load_corpus()
+
+
+def replay_client(body: bytes) -> openai.OpenAI:
+    kind = "text/event-stream" if body.startswith(b"data:") else "application/json"
+
+    def respond(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=body, headers={"content-type": kind})
+
+    http = httpx2.Client(transport=httpx2.MockTransport(respond))
+    return openai.OpenAI(api_key=API_KEY, base_url=MOCK_BASE_URL, http_client=http, max_retries=0)
+
+
+def call(client: openai.OpenAI, stream: bool) -> None:
+    result = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "x"}], stream=stream
+    )
+    if stream:
+        for _ in result:
+            pass
+
+
+def cpu_seconds(fn: Callable[[], None]) -> float:
+    gc.collect()
+    gc.disable()
+    try:
+        started = time.thread_time()
+        fn()
+        return time.thread_time() - started
+    finally:
+        gc.enable()
+
+
+def traced_peak(fn: Callable[[], None]) -> int:
+    gc.collect()
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.fixture(scope="module")
+def otel() -> Iterator[Otel]:
+    providers = Otel()
+    yield providers
+    providers.shutdown()
+
+
+@pytest.mark.parametrize("name", list(hostile.BUILDERS))
+def test_a_hostile_body_costs_less_than_the_budget(name: str, otel: Otel) -> None:
+    body = hostile.build(name)
+    stream = body.startswith(b"data:")
+    chunks = body.count(b"\n\ndata: ") if stream else 0
+    budget = CPU_PER_MIB * len(body) / MIB + CPU_PER_CHUNK * chunks
+    bare = replay_client(body)
+    wrapped = instrument_client(
+        replay_client(body),
+        tracer_provider=otel.tracer_provider,
+        meter_provider=otel.meter_provider,
+    )
+    try:
+        call(bare, stream)  # the SDK's and the instrumentation's first calls, not counted
+        call(wrapped, stream)
+        off: list[float] = []
+        on: list[float] = []
+        while len(off) < MAX_PAIRS:
+            # Each pair in the other order than the last: whichever call comes second
+            # finds the body's objects warm in the caches.
+            if len(off) % 2:
+                on.append(cpu_seconds(lambda: call(wrapped, stream)))
+                off.append(cpu_seconds(lambda: call(bare, stream)))
+            else:
+                off.append(cpu_seconds(lambda: call(bare, stream)))
+                on.append(cpu_seconds(lambda: call(wrapped, stream)))
+            extra = min(on) - min(off)
+            if len(off) >= MIN_PAIRS and (extra < budget or sum(off) + sum(on) > SECONDS_PER_BODY):
+                break
+        memory = traced_peak(lambda: call(wrapped, stream)) - traced_peak(
+            lambda: call(bare, stream)
+        )
+    finally:
+        bare.close()
+        wrapped.close()
+
+    mib = len(body) / MIB
+    assert extra < budget, (
+        f"{name}: {extra * 1e3:.2f} ms of own CPU for {mib:.2f} MiB and {chunks} chunks "
+        f"(budget {budget * 1e3:.2f} ms; bare call {min(off) * 1e3:.1f} ms, {len(off)} pairs)"
+    )
+    assert memory < MEMORY_FACTOR * len(body), f"{name}: {memory / MIB:.1f} MiB extra"
+
+    # The span of the last call: a record exactly when the offline parser finds one, and
+    # no attribute of ours sized by a number the server chose.
+    span = otel.spans()[-1]
+    offline = record_from_text(body.decode())
+    assert (SD_ENGINE in span.attributes) is (offline is not None)
+    assert span.attributes[SD_OUTCOME] in (
+        "recorded",
+        "partial",
+        "invalid",
+        "no_stats",
+        "multi_sequence",
+        "ambiguous",
+    )
+    for key, value in span.attributes.items():
+        if key.startswith("spec_decode.") and isinstance(value, tuple):
+            assert len(value) <= MAX_SPEC_TOKENS + 1, key

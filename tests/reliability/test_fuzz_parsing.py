@@ -107,10 +107,18 @@ def nest(depth: int, leaf: Any = 1) -> Any:
     return value
 
 
+#: Counts and keys anywhere in int64 and past it (st.integers() alone stays near zero).
+wide_ints = st.one_of(
+    st.integers(-(2**63), 2**63 - 1),
+    st.integers(2**63 - 4, 2**63 + 4),
+    st.integers(-(2**130), 2**130),
+)
+
 scalars = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(),
+    wide_ints,
     st.sampled_from(SPECIAL_INTS),
     st.floats(allow_nan=True, allow_infinity=True),
     st.sampled_from((math.nan, math.inf, -math.inf, -0.0, 5e-324, 1e308, 1.0000001)),
@@ -128,8 +136,11 @@ json_values = st.recursive(
 weird_values = st.one_of(
     scalars,
     json_values,
-    st.lists(st.integers(min_value=-2, max_value=50), max_size=12),  # histogram-like
-    st.dictionaries(st.sampled_from(("0", "1", "2", "3", "9", "-1", "x")), st.integers(-2, 60)),
+    st.lists(st.integers(min_value=-2, max_value=50) | wide_ints, max_size=12),  # histogram-like
+    st.dictionaries(
+        st.sampled_from(("0", "1", "2", "3", "9", "-1", "x")) | wide_ints.map(str),
+        st.integers(-2, 60) | wide_ints,
+    ),  # a pre-merge histogram, its keys too drawn over int64 and beyond
     st.integers(min_value=1, max_value=400).map(nest),  # deep (JSON-encodable) nesting
     st.sampled_from((MAX_SPEC_TOKENS + 2, MAX_SPEC_STEPS + 1)).map(lambda n: [0] * n),
 )

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shlex
+import site
 import socket
 import subprocess
 import sys
@@ -477,20 +478,54 @@ XSPEC_BODY = {
 }
 
 
-def test_custom_adapter_installs_and_is_found(tmp_path: Path) -> None:
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
+def venv_from_checkout(env_dir: Path, *projects: Path, env: dict[str, str]) -> Path:
+    """A new virtual environment holding this checkout and ``projects``, installed from
+    their directories (never from a package index); returns its interpreter.
+
+    Everything else comes from this interpreter's environment, whose site directories a
+    ``.pth`` file appends after the new environment's own. ``--system-site-packages``
+    would not do: inside a virtualenv (as most users run the tests) it lends the *base*
+    interpreter's packages, without this project or its dependencies.
+    """
+    venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
-    env = clean_env()
-    env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env['PATH']}"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    ours = [
+        *site.getsitepackages(),
+        *([site.getusersitepackages()] if site.ENABLE_USER_SITE else []),
+    ]
+    (Path(purelib) / "_test_environment.pth").write_text("".join(f"{d}\n" for d in ours))
     install = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", str(EXAMPLES / "custom_adapter")],
+        [str(python), "-m", "pip", "install", "--quiet", str(REPO), *map(str, projects)],
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert install.returncode == 0, install.stdout + install.stderr
+    return python
+
+
+def test_custom_adapter_installs_and_is_found(tmp_path: Path) -> None:
+    env_dir = tmp_path / "venv"
+    env = clean_env()
+    env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env['PATH']}"
+    python = venv_from_checkout(env_dir, EXAMPLES / "custom_adapter", env=env)
+    # the project in that environment is the one just built from this checkout
+    where = subprocess.run(
+        [str(python), "-c", "import spec_decode_otel; print(spec_decode_otel.__file__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=tmp_path,
+    )
+    assert where.stdout.startswith(str(env_dir)), where.stdout + where.stderr
     check = subprocess.run(
         [str(python), str(EXAMPLES / "custom_adapter" / "check_plugin.py")],
         env=env,

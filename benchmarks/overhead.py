@@ -122,8 +122,8 @@ class Providers:
 
 class Floor:
     """Config E: one span around the bare call, ending with B's 18 attributes, and B's two
-    histogram records (attribute sets of B's size, with the span's context); not B's
-    counter adds."""
+    histogram records (attribute sets of B's size, with the span's context); none of B's
+    counter sums."""
 
     START = {
         "gen_ai.operation.name": "chat",

@@ -128,6 +128,8 @@ class OtlpReceiver:
 @dataclass(frozen=True)
 class Span:
     trace_id: str
+    span_id: str
+    parent_id: str
     scope: str
     name: str
     kind: int
@@ -165,6 +167,8 @@ def decode(sink: Sink) -> tuple[dict[str, list[Span]], dict[tuple[str, str], flo
     spans = [
         Span(
             span.trace_id.hex(),
+            span.span_id.hex(),
+            span.parent_span_id.hex(),
             scope_spans.scope.name,
             span.name,
             span.kind,
@@ -333,6 +337,19 @@ def matrix(simulator_url: str, coexistence_venvs: Path) -> Iterator[Matrix]:
 # --------------------------------------------------------------------------- the matrix
 
 
+def carrier_of(other: str, order: str, label: str) -> str:
+    """Whose span a call's ``spec_decode.*`` lands on. openai-v2, genai-openai and
+    OpenLLMetry wrap ``create`` (openai-v2 and genai-openai only chat's), which calls
+    ``request``: their span is current whatever the order. OpenInference wraps
+    ``OpenAI.request``: loaded after us it wraps ours, loaded before us ours wraps its
+    wrapper. ``instrument_client`` wraps the instance's ``request``, outside any class's."""
+    if other in ("openai-v2", "genai-openai"):
+        return "ours" if label.endswith("completions") else "theirs"
+    if other == "openllmetry":
+        return "theirs"
+    return "theirs" if order == "ours-first" and not label.startswith("client") else "ours"
+
+
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("other", list(OTHERS))
@@ -357,9 +374,16 @@ def test_every_call_has_one_spec_decode_span_and_theirs_intact(
             assert ours == [], "recorded after uninstrument()"
         else:
             assert len(ours) == 1, (label, [(s.scope, s.name) for s in case.calls[label]])
-            (theirs_alone_span,) = ours_alone.ours(label)
-            assert ours[0].spec_decode == theirs_alone_span.spec_decode, label
+            (alone_span,) = ours_alone.ours(label)
+            assert ours[0].spec_decode == alone_span.spec_decode, label
             assert ours[0].spec_decode["spec_decode.engine"] == "vllm"
+            # Whose span carries it: theirs when theirs is current as our wrapper runs
+            # (auto mode enriches it), else our own, with theirs (if any) as its child.
+            carrier = "ours" if ours[0].scope == SCOPE_NAME else "theirs"
+            assert carrier == carrier_of(other, order, label), label
+            if carrier == "ours":
+                children = [s for s in case.calls[label] if s.scope != SCOPE_NAME]
+                assert all(s.parent_id == ours[0].span_id for s in children), label
         # Theirs: the same spans with the same attributes as with it alone.
         assert case.theirs(label) == alone.theirs(label), label
     assert case.their_metrics() == alone.their_metrics()

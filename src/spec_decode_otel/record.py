@@ -32,6 +32,7 @@ over a bound gives no record (the call itself is untouched):
 from __future__ import annotations
 
 import math
+import operator
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
@@ -48,7 +49,11 @@ FLOAT_AGREEMENT = 1e-6
 
 Count = Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
 SpecTokens = Annotated[int, Strict(), Field(ge=0, le=MAX_SPEC_TOKENS)]
-PerStep = Annotated[list[Count], Field(max_length=MAX_SPEC_STEPS)]
+#: Per-step entries are strict ints; that each is >= 0 is checked once over the array in
+#: the record's validator (with the sums equal to the totals, that also bounds each entry
+#: by MAX_COUNT): pydantic's per-element constraint check would be most of the cost of
+#: a detailed response.
+PerStep = Annotated[list[Annotated[int, Strict()]], Field(max_length=MAX_SPEC_STEPS)]
 Name = Annotated[str, Field(min_length=1, max_length=MAX_ENGINE_LENGTH)]
 
 
@@ -176,14 +181,12 @@ class SpecDecodeAcceptanceRecord(BaseModel):
                 continue
             if steps is None or len(array) != steps:
                 raise ValueError(f"{name} length differs from num_spec_steps")
+            if min(array, default=0) < 0:
+                raise ValueError(f"{name} entries must be greater than or equal to 0")
             if total is None or sum(array) != total:
                 raise ValueError(f"{name} does not sum to its total")
         # Both arrays have length num_spec_steps by now.
-        if (
-            per_acc is not None
-            and per_drf is not None
-            and any(a > d for a, d in zip(per_acc, per_drf, strict=True))
-        ):
+        if per_acc is not None and per_drf is not None and any(map(operator.gt, per_acc, per_drf)):
             raise ValueError("a step accepted more drafts than it drafted")
         k = self.num_spec_tokens
         if per_drf is not None and k is not None and max(per_drf, default=0) > k:

@@ -218,7 +218,9 @@ class SpecDecodeInstruments:
     def bound(self, key: str, value: Any) -> Any:
         """``value`` for metric attribute ``key``, or the overflow value past the limit."""
         with self._bounded_lock:
-            bounded = self._bounded.setdefault(key, _BoundedValues())
+            bounded = self._bounded.get(key)
+            if bounded is None:
+                bounded = self._bounded[key] = _BoundedValues()
         return bounded(value)
 
     def series(

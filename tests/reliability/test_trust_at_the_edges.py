@@ -121,13 +121,6 @@ def server() -> Iterator[LoopbackServer]:
         yield running
 
 
-@pytest.fixture
-def otel() -> Iterator[Otel]:
-    providers = Otel()
-    yield providers
-    providers.shutdown()
-
-
 def client_for(server: LoopbackServer) -> openai.OpenAI:
     return openai.OpenAI(api_key=API_KEY, base_url=server.url, max_retries=0)
 

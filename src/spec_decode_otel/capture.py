@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spec_decode_otel.record import MAX_CHOICES
+from spec_decode_otel.record import MAX_CHOICES, MAX_COUNT
 
 _EMPTY: Mapping[str, Any] = {}
 #: Where LiteLLM's proxy puts the per-choice fields it does not know.
@@ -183,9 +183,9 @@ def last_completion_tokens(responses: Sequence[ParsedResponse]) -> int | None:
         usage = response.usage
         if usage:
             tokens = usage.get("completion_tokens")
-            if type(tokens) is int and tokens >= 0:
+            if type(tokens) is int and 0 <= tokens <= MAX_COUNT:
                 return tokens
-            return None
+            return None  # absent, or beyond what OTLP can carry: unknown
     return None
 
 

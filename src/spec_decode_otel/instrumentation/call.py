@@ -37,6 +37,9 @@ from spec_decode_otel.telemetry import (
     record_attributes,
 )
 
+#: Finish reasons put on a span at most (one per sequence; a server may send thousands).
+MAX_FINISH_REASONS = 16
+
 
 @dataclass(frozen=True)
 class CallPlan:
@@ -124,7 +127,7 @@ class Call:
         self._end(
             [parsed],
             response_model=body.get("model"),
-            finish_reasons=[c.get("finish_reason") for c in parsed.choices],
+            finish_reasons=[c.get("finish_reason") for c in parsed.choices[:MAX_FINISH_REASONS]],
             input_tokens=usage.get("prompt_tokens"),
             output_tokens=usage.get("completion_tokens"),
         )
@@ -294,7 +297,7 @@ def _finish_reasons(obj: Any) -> list[Any]:
     """Each choice's finish reason; for a Responses API ``Response``, its status's."""
     choices = getattr(obj, "choices", None)
     if choices is not None:
-        return [getattr(c, "finish_reason", None) for c in choices]
+        return [getattr(c, "finish_reason", None) for c in choices[:MAX_FINISH_REASONS]]
     reason = RESPONSES_FINISH_REASONS.get(getattr(obj, "status", None) or "")
     return [reason] if reason is not None else []
 

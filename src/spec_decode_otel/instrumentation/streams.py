@@ -23,14 +23,12 @@ from typing import Any
 import wrapt
 
 from spec_decode_otel._logging import report_internal_error
-from spec_decode_otel.instrumentation.call import RESPONSES_FINISH_REASONS, Call
+from spec_decode_otel.instrumentation.call import MAX_FINISH_REASONS, RESPONSES_FINISH_REASONS, Call
 from spec_decode_otel.record import MAX_CHOICES
 
 #: Chunks kept for detection: only those carrying something adapters read. "Last wins"
 #: everywhere, so a stream whose every chunk carries a field needs only its tail.
 KEEP_CHUNKS = 32
-#: Finish reasons reported at most (one per sequence).
-MAX_FINISH_REASONS = 16
 #: The Responses API stream events that carry the finished response.
 RESPONSES_TERMINAL_EVENTS = frozenset(
     {"response.completed", "response.incomplete", "response.failed"}

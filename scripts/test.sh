@@ -4,8 +4,9 @@
 #
 # What it installs: the package with its test extras (pip); the OpenTelemetry Collector
 # built from collector-config/builder-manifest.yaml and Jaeger v2 (Go, cached outside the
-# repo); Prometheus (Debian package). Then: ruff, mypy, pytest (unit, integration, e2e), and
-# the overhead benchmark in --quick mode as a smoke run.
+# repo); Prometheus (Debian package). Then: ruff, mypy, pytest (unit, integration, e2e), the
+# version matrix (scripts/test-matrix.sh) and the overhead benchmark in --quick mode as a
+# smoke run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -59,6 +60,9 @@ fi
 if [[ $status -ne 0 ]]; then
   exit "$status"
 fi
+
+step "version matrix: oldest declared versions on Python 3.10, latest on 3.12 and 3.13 (cached venvs)"
+PYTHON="$PYTHON" bash scripts/test-matrix.sh
 
 step "overhead benchmark (smoke run; figures are not asserted)"
 "$PYTHON" benchmarks/overhead.py --quick

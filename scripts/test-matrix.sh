@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# The versions the package claims, tested: the unit tests and the core instrumentation
+# integration tests, in one virtual environment per claim (scripts/test.sh runs this after
+# the main pytest run, which covers Python 3.11 with the latest packages).
+#
+#   oldest-py3.10  the oldest Python requires-python allows, with every runtime requirement
+#                  (the core and the otlp, simulator and instruments extras) pinned to the
+#                  lower bound pyproject.toml declares: a bound is tested as soon as it is
+#                  written, and a requirement without a lower bound is an error here.
+#   latest-py3.12  the newest Pythons, with the versions of the main test environment
+#   latest-py3.13  ($PYTHON's packages, used as constraints): the latest, as the main run.
+#
+# Venvs are cached under $SPEC_DECODE_OTEL_CACHE/venvs (default ~/.cache/spec-decode-otel),
+# keyed by interpreter, pins and requirements. The project itself is installed from this
+# checkout (editable, no index) on every run, so each venv tests this tree. The three runs
+# go in parallel, each with its own log and temporary directory; pytest's exit code 5
+# (nothing collected) counts as a failure.
+#
+# Environment:
+#   PYTHON                  interpreter of the main test environment (default: python3)
+#   SPEC_DECODE_OTEL_CACHE  cache root (default: $HOME/.cache/spec-decode-otel)
+#   PYENV_ROOT              where pyenv keeps interpreters (default: $HOME/.pyenv)
+set -euo pipefail
+shopt -s inherit_errexit
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+REPO="$(pwd)"
+
+PYTHON="${PYTHON:-python3}"
+CACHE_ROOT="${SPEC_DECODE_OTEL_CACHE:-${HOME}/.cache/spec-decode-otel}"
+VENVS="${CACHE_ROOT}/venvs"
+log() { printf '[test-matrix] %s\n' "$*" >&2; }
+
+OLDEST_PYTHON=3.10
+LATEST_PYTHONS=(3.12 3.13)
+TEST_TOOLS=(pytest pytest-asyncio pytest-timeout hypothesis httpx hatchling editables)
+EXTRAS="otlp,simulator,instruments"
+TESTS=(
+  tests/unit
+  tests/integration/test_instrumentation_streams.py
+  tests/integration/test_instrumentation_responses.py
+  tests/integration/test_instrumentation_options.py
+  tests/integration/test_instrumentation_defaults.py
+  tests/integration/test_instrumentation_engines.py
+  tests/integration/test_outcomes.py
+)
+# Tests of SDK surface newer than the oldest declared openai (they run in the other venvs).
+# A test that needs a newer API than the floor goes here, with the reason.
+OLDEST_SKIP=(
+  # openai's transport is httpx2 from 3.x; the tests build their mock client with it
+  --ignore=tests/unit/test_capture.py
+  # openai.types.responses (the Responses API) appeared in openai 1.66
+  --ignore=tests/unit/test_vectors.py
+  --ignore=tests/unit/test_adapters_wire_fidelity.py
+  # chat.completions.parse()/stream() sit under client.beta in openai 1.40
+  --deselect=tests/integration/test_instrumentation_responses.py::test_chat_completions_parse_is_recorded
+  --deselect=tests/integration/test_instrumentation_responses.py::test_stream_helper_
+  # openai 1.40 raises the transport's RemoteProtocolError for a stream cut mid-body;
+  # the test pins the later SDK's APIConnectionError (the call still ends exactly once)
+  "--deselect=tests/integration/test_instrumentation_streams.py::test_every_exit_path_ends_the_call_exactly_once[error-"
+)
+# Not declared by us: openai 1.40 passes `proxies` to httpx.Client, which httpx 0.28
+# removed, so the oldest openai needs the httpx of its day.
+OLDEST_EXTRA_PINS="httpx==0.27.0"
+# The packages whose versions key a cached venv (a regular expression of names).
+KEY_PACKAGES='openai|opentelemetry-[a-z-]+|pydantic(-core)?|wrapt|fastapi|starlette|uvicorn|httpx2?|httpcore|pytest[a-z-]*|hypothesis'
+# The main run fuzzes at full depth; here the property tests only check compatibility.
+export SPEC_DECODE_OTEL_FUZZ_EXAMPLES="${SPEC_DECODE_OTEL_FUZZ_EXAMPLES:-50}"
+
+find_python() { # X.Y -> path of an interpreter of that version
+  local version="$1" candidate found=""
+  for candidate in "${PYENV_ROOT:-${HOME}/.pyenv}"/versions/"${version}".*/bin/python"${version}"; do
+    [[ -x "$candidate" ]] && found="$candidate"
+  done
+  [[ -n "$found" ]] || found="$(command -v "python${version}" || true)"
+  if [[ -z "$found" ]]; then
+    log "no Python ${version} found (pyenv install ${version}, or put python${version} on PATH)"
+    return 1
+  fi
+  echo "$found"
+}
+
+# The runtime requirements a matrix venv installs (the core and $EXTRAS), one a line.
+requirements() {
+  "$PYTHON" -c '
+import sys
+import tomllib
+
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras = project["optional-dependencies"]
+wanted = [*project["dependencies"], *(r for x in sys.argv[1].split(",") for r in extras[x])]
+print("\n".join(wanted))
+' "$EXTRAS"
+}
+
+# Every runtime requirement at its declared lower bound, one `name==version` a line.
+oldest_pins() {
+  requirements | "$PYTHON" -c '
+import sys
+
+from packaging.requirements import Requirement
+
+pins = {}
+for text in sys.stdin.read().splitlines():
+    requirement = Requirement(text)
+    floors = [s.version for s in requirement.specifier if s.operator == ">="]
+    if not floors:
+        sys.exit(f"test-matrix: {text!r} declares no lower bound to test")
+    pins[requirement.name] = f"{requirement.name}=={floors[0]}"
+print("\n".join(sorted(pins.values())))
+'
+}
+
+# The main environment's versions, as constraints for everything a matrix venv installs.
+latest_pins() {
+  "$PYTHON" -m pip list --format=freeze --disable-pip-version-check 2>/dev/null |
+    grep -v '^-e ' | grep -iv '^spec-decode-otel==' | sort
+}
+
+# build NAME X.Y PINS -> prints the venv's directory (cached; rebuilt when the key changes)
+build() {
+  local name="$1" version="$2" pins="$3" python key venv
+  python="$(find_python "$version")"
+  # Keyed by what decides the tests' outcome: other packages of the main environment may
+  # move without a rebuild.
+  key="$(printf '%s\n%s\n%s\n%s\n' "$("$python" -VV)" "$(requirements)" "${TEST_TOOLS[*]}" \
+    "$(grep -iE "^(${KEY_PACKAGES})==" <<<"$pins" || true)" | sha256sum | cut -c1-16)"
+  venv="${VENVS}/${name}-${key}"
+  if [[ ! -f "${venv}/.complete" ]]; then
+    log "building ${venv}"
+    rm -rf "$venv"
+    "$python" -m venv "$venv"
+    printf '%s\n' "$pins" >"${venv}/constraints.txt"
+    "${venv}/bin/python" -m pip install --quiet --disable-pip-version-check \
+      -c "${venv}/constraints.txt" -e "${REPO}[${EXTRAS}]" "${TEST_TOOLS[@]}" >&2
+    touch "${venv}/.complete"
+  fi
+  # This checkout, whatever the venv was built from; then the whole set must agree.
+  "${venv}/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+    --no-build-isolation -e "$REPO" >&2
+  "${venv}/bin/python" -m pip check >&2
+  find "$VENVS" -maxdepth 1 -name "${name}-*" ! -path "$venv" -exec rm -rf {} +
+  echo "$venv"
+}
+
+mkdir -p "$VENVS"
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"${VENVS}/.lock"
+  flock 9
+fi
+
+declare -A VENV_OF
+oldest="$(oldest_pins)"
+log "oldest: Python ${OLDEST_PYTHON}, $(echo "$oldest" | tr '\n' ' ')${OLDEST_EXTRA_PINS}"
+VENV_OF[oldest-py${OLDEST_PYTHON}]="$(build "oldest-py${OLDEST_PYTHON}" "$OLDEST_PYTHON" \
+  "$(printf '%s\n%s\n' "$oldest" "$OLDEST_EXTRA_PINS")")"
+latest="$(latest_pins)"
+for version in "${LATEST_PYTHONS[@]}"; do
+  VENV_OF[latest-py${version}]="$(build "latest-py${version}" "$version" "$latest")"
+done
+
+LOGS="$(mktemp -d)"
+declare -A PID_OF
+for name in "${!VENV_OF[@]}"; do
+  venv="${VENV_OF[$name]}"
+  skip=()
+  [[ "$name" == oldest-* ]] && skip=("${OLDEST_SKIP[@]}")
+  versions="$("${venv}/bin/python" -m pip list --format=freeze --disable-pip-version-check |
+    grep -iE '^(openai|opentelemetry-(api|sdk|instrumentation)|pydantic|wrapt)==' | tr '\n' ' ')"
+  log "${name}: $("${venv}/bin/python" -V) ${versions}"
+  (
+    cd "$REPO"
+    exec "${venv}/bin/python" -m pytest -p no:cacheprovider -q --basetemp="${LOGS}/${name}-tmp" \
+      "${TESTS[@]}" "${skip[@]}"
+  ) >"${LOGS}/${name}.log" 2>&1 &
+  PID_OF[$name]=$!
+done
+
+failed=()
+for name in "${!PID_OF[@]}"; do
+  status=0
+  wait "${PID_OF[$name]}" || status=$?
+  if [[ $status -ne 0 ]]; then
+    [[ $status -eq 5 ]] && log "${name}: pytest collected no tests"
+    failed+=("$name")
+    log "${name}: FAILED (exit ${status}); its log:"
+    cat "${LOGS}/${name}.log" >&2
+  else
+    log "${name}: $(tail -n 1 "${LOGS}/${name}.log")"
+  fi
+done
+if [[ ${#failed[@]} -gt 0 ]]; then
+  log "failed: ${failed[*]} (logs in ${LOGS})"
+  exit 1
+fi
+rm -rf "$LOGS"

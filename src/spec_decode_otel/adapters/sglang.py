@@ -143,7 +143,7 @@ class SglangAdapter:
         )
 
     @staticmethod
-    def _last_details(responses: Sequence[ParsedResponse]) -> Mapping[str, Any] | None:
+    def _last_details(responses: Sequence[ParsedResponse]) -> Any:
         for response in reversed(responses):
             details = _sglext_details(response)
             if isinstance(details, list):

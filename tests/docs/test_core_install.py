@@ -10,7 +10,7 @@ promises of issue 14 and the README:
 
 The environment is a real venv holding the core dependencies from the package index
 (cached under ``$SPEC_DECODE_OTEL_CACHE/venvs``, default ``~/.cache/spec-decode-otel``,
-keyed by interpreter and pyproject's ``[project]`` table) and spec-decode-otel built
+keyed by interpreter and the core requirements) and spec-decode-otel built
 from this checkout, reinstalled on every run.
 """
 
@@ -61,12 +61,14 @@ def pip(python: Path, *args: str) -> None:
 @pytest.fixture(scope="module")
 def core_bin() -> Iterator[Path]:
     """``bin/`` of a venv with spec-decode-otel from this checkout and only its core."""
-    project = REPO.joinpath("pyproject.toml").read_text(encoding="utf-8")
-    table = project[project.index("[project]") : project.index("[project.scripts]")]
-    key = hashlib.sha256(f"{sys.version}\n{table}".encode()).hexdigest()[:16]
+    pyproject = REPO.joinpath("pyproject.toml").read_text(encoding="utf-8")
+    core = re.search(r"^dependencies = \[(.*?)^\]", pyproject, re.M | re.S)
+    assert core, "pyproject.toml has no dependencies list"
+    key = hashlib.sha256(f"{sys.version}\n{core.group(1)}".encode()).hexdigest()[:16]
     venvs = CACHE / "venvs"
     venvs.mkdir(parents=True, exist_ok=True)
-    env_dir = venvs / f"core-only-py{sys.version_info[0]}.{sys.version_info[1]}-{key}"
+    prefix = f"core-only-py{sys.version_info[0]}.{sys.version_info[1]}-"
+    env_dir = venvs / f"{prefix}{key}"
     python = env_dir / "bin" / "python"
     with (venvs / ".core-only.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # held while the tests use the venv
@@ -75,6 +77,9 @@ def core_bin() -> Iterator[Path]:
             venv.EnvBuilder(with_pip=True).create(env_dir)
             pip(python, str(REPO))  # the core's dependencies, from the index
             (env_dir / ".complete").touch()
+            for stale in venvs.glob(f"{prefix}*"):  # built for other requirements
+                if stale != env_dir:
+                    shutil.rmtree(stale, ignore_errors=True)
         pip(python, "--no-deps", "--force-reinstall", str(REPO))  # this checkout, as built now
         yield env_dir / "bin"
 

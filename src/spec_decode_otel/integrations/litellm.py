@@ -138,7 +138,7 @@ class _Calls:
 _calls = _Calls()
 
 
-class SpecDecodeLiteLLMCallback(CustomLogger):  # type: ignore[misc]
+class SpecDecodeLiteLLMCallback(CustomLogger):
     """A LiteLLM callback recording ``spec_decode.*`` for chat and text completions.
 
     Keywords: those of ``SpecDecodeInstrumentor().instrument()`` (``tracer_provider``,
@@ -401,7 +401,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):  # type: ignore[misc]
         )
 
 
-class _EndsAt(wrapt.ObjectProxy):  # type: ignore[misc]
+class _EndsAt(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from wrapt 2
     """Our span, ended at the time LiteLLM says the call ended (not when it told us)."""
 
     def __init__(self, span: Any, end_time: int | None) -> None:

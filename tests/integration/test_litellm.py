@@ -1,0 +1,504 @@
+"""LiteLLM (the real ``litellm`` package, 1.110) against the simulator over real HTTP.
+
+LiteLLM's ``hosted_vllm/`` chat route posts with its own HTTP handler, not the openai SDK;
+its ``openai/``, ``custom_openai/``, ``llamafile/`` and ``lm_studio/`` routes, and every
+text completion, go through the SDK (checked here: the span of an SDK-routed call is the
+openai wrapper's, the others' is the LiteLLM callback's). Whatever the route, each call
+must end with exactly one span and one set of metric points, whose ``spec_decode.*``
+equal ``record_from_json`` of the same seeded response fetched again without any
+instrumentation (the ``x-sim-seed`` header makes the sample depend on the seed alone).
+
+Where LiteLLM itself drops the stats (a stream carried by its own handler rebuilds every
+chunk from a fixed set of fields), the tests pin the loss: the raw stream had them, the
+span says ``no_stats``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import subprocess
+import sys
+import time
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
+
+import litellm
+import pytest
+import pytest_asyncio
+from instrumentation_helpers import (
+    ENGINES,
+    MODEL,
+    OPERATION,
+    SPEC_DECODE_METRICS,
+    Otel,
+    expected_outcome,
+    expected_span_attributes,
+    raw_payload,
+    request_kwargs,
+    server_of,
+    spec_decode_attributes,
+)
+from litellm.integrations.custom_logger import CustomLogger
+from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
+from opentelemetry.trace import SpanKind, StatusCode
+
+import spec_decode_otel
+from spec_decode_otel.integrations.litellm import SpecDecodeLiteLLMCallback
+
+#: LiteLLM providers that reach an OpenAI-compatible server (LiteLLM 1.110 has no
+#: ``sglang/`` provider, and ``openai_like/`` serves embeddings only).
+PROVIDERS = ("hosted_vllm", "openai", "custom_openai", "llamafile", "lm_studio")
+#: Calls whose request LiteLLM sends with its own HTTP handler (the rest use the SDK).
+OWN_HANDLER = {("hosted_vllm", "chat")}
+#: Providers whose text completions LiteLLM sends to the chat endpoint.
+TEXT_AS_CHAT = {"custom_openai", "lm_studio"}
+#: Seconds to wait for LiteLLM's logging (a thread pool for sync calls, a task for async).
+SETTLE = 15.0
+
+
+def seed_for(*parts: str) -> int:
+    return zlib.crc32("/".join(parts).encode()) % 100_000 + 1
+
+
+@pytest.fixture(autouse=True)
+def litellm_callbacks() -> Iterator[None]:
+    """LiteLLM's callback lists as they were before the test, after it."""
+    names = ("callbacks", "success_callback", "failure_callback", "input_callback")
+    hidden = ("_async_success_callback", "_async_failure_callback", "_async_input_callback")
+    saved = {name: list(getattr(litellm, name)) for name in (*names, *hidden)}
+    yield
+    for name, value in saved.items():
+        getattr(litellm, name)[:] = value
+
+
+#: LiteLLM caches its HTTP clients per event loop: one loop for the whole module keeps it
+#: from piling up clients of closed loops (whose sockets then leak when collected).
+#: LiteLLM 1.110 also leaves an async text-completion stream's connection open (the same
+#: with this package not instrumenting): the warnings its socket and transport give when
+#: collected are let through here, and no other unraisable one.
+pytestmark = [
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
+    ),
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <function _SelectorTransport.__del__"
+        ":pytest.PytestUnraisableExceptionWarning"
+    ),
+]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", autouse=True)
+async def litellm_clients() -> AsyncIterator[None]:
+    """At the end, close every client LiteLLM cached (sync and async) on the loop they
+    belong to, and drop them."""
+    yield
+    await close_litellm_async_clients()
+    cache = litellm.in_memory_llm_clients_cache
+    for client in list(cache.cache_dict.values()):
+        close = getattr(client, "aclose", None) or getattr(client, "close", None)
+        if callable(close):
+            result = close()
+            if inspect.isawaitable(result):
+                await result
+    cache.flush_cache()
+
+
+def litellm_kwargs(provider: str, sdk_kwargs: dict[str, Any], base_url: str) -> dict[str, Any]:
+    """The same request through LiteLLM: its provider prefix, the simulator as api_base."""
+    return {**sdk_kwargs, "model": f"{provider}/{MODEL}", "api_base": base_url, "api_key": "sk-t"}
+
+
+async def call(api: str, mode: str, kwargs: dict[str, Any]) -> list[Any]:
+    """One LiteLLM call; the response, or every chunk of a fully read stream."""
+    stream = kwargs.get("stream") is True
+    if api == "chat":
+        run = litellm.acompletion if mode == "async" else litellm.completion
+    else:
+        run = litellm.atext_completion if mode == "async" else litellm.text_completion
+    result = run(**kwargs)
+    if mode == "async":
+        result = await result
+        return [c async for c in result] if stream else [result]
+    return list(result) if stream else [result]
+
+
+async def settled_spans(otel: Otel, expected: int = 1) -> list[Any]:
+    """Our spans once LiteLLM's logging has run (it reports a call after returning it)."""
+    deadline = time.monotonic() + SETTLE
+    while len(otel.our_spans()) < expected and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.3)  # nothing more may come: a second record would show now
+    return otel.our_spans()
+
+
+def requests_by_outcome(otel: Otel) -> dict[str, int]:
+    return {
+        p.attributes["spec_decode.outcome"]: p.value
+        for p in otel.points(otel.metrics(), "spec_decode.requests")
+    }
+
+
+def check_metric_points(otel: Otel, record: Any, attrs: dict[str, Any]) -> None:
+    """One call's spec-decode metric points, written out from the record."""
+    metrics = otel.metrics()
+    if record is None:
+        assert not [n for n in SPEC_DECODE_METRICS if otel.points(metrics, n)]
+        return
+    series = {**attrs, "spec_decode.engine": record.engine}
+    if record.num_spec_tokens is not None:
+        series["spec_decode.num_spec_tokens"] = record.num_spec_tokens
+    for name, value in (
+        ("spec_decode.acceptance_length", record.mean_acceptance_length),
+        ("spec_decode.draft_acceptance_rate", record.draft_acceptance_rate),
+    ):
+        points = otel.points(metrics, name)
+        if value is None:
+            assert not points, name
+            continue
+        assert [(dict(p.attributes), p.count, p.sum) for p in points] == [
+            (series, 1, pytest.approx(value))
+        ]
+    for name, value in (
+        ("spec_decode.draft_tokens", record.num_draft_tokens),
+        ("spec_decode.accepted_draft_tokens", record.num_accepted_draft_tokens),
+    ):
+        points = otel.points(metrics, name)
+        assert [(dict(p.attributes), p.value) for p in points] == (
+            [] if value is None else [(series, value)]
+        )
+    steps = {
+        p.attributes["spec_decode.accepted"]: p.value
+        for p in otel.points(metrics, "spec_decode.verify_steps")
+    }
+    assert steps == (record.acceptance_histogram or {})
+
+
+def expected_payload(base_url: str, span: Any, sdk_kwargs: dict[str, Any]) -> Any:
+    """The server's response to the same seeded request, from the endpoint the call used
+    (LiteLLM answers some text completions through the chat endpoint)."""
+    operation = span.attributes["gen_ai.operation.name"]
+    api = "chat" if operation == "chat" else "completions"
+    body = dict(sdk_kwargs)
+    if api == "chat" and "prompt" in body:
+        body["messages"] = [{"role": "user", "content": body.pop("prompt")}]
+    return raw_payload(base_url, api, body)
+
+
+def check_span(span: Any, base_url: str, record: Any, operation: str) -> None:
+    attrs = dict(span.attributes)
+    host, port = server_of(base_url)
+    assert span.kind is SpanKind.CLIENT
+    assert span.status.status_code is StatusCode.UNSET
+    assert span.name == f"{operation} {MODEL}"
+    assert attrs["gen_ai.operation.name"] == operation
+    assert attrs["gen_ai.provider.name"] == "openai"
+    assert attrs["gen_ai.request.model"] == MODEL
+    assert (attrs["server.address"], attrs["server.port"]) == (host, port)
+    assert spec_decode_attributes(attrs) == (
+        {} if record is None else expected_span_attributes(record)
+    )
+    assert attrs["spec_decode.outcome"] == expected_outcome(record)
+    assert span.end_time >= span.start_time
+
+
+# -- every route, every call kind -------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("api", ["chat", "completions"])
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_each_call_has_one_span_and_the_record_of_its_response(
+    provider: str, api: str, mode: str, stream: bool, otel: Otel, simulator_url: str
+) -> None:
+    """``SpecDecodeInstrumentor().instrument()`` alone covers LiteLLM: the SDK routes are
+    the openai wrapper's (streams included, read from the wire), LiteLLM's own handler's
+    are the callback's. One span, one ``spec_decode.requests`` point, per call."""
+    otel.instrument()
+    sdk_kwargs = request_kwargs("vllm", api, stream, seed_for(provider, api, mode, str(stream)))
+    results = await call(api, mode, litellm_kwargs(provider, sdk_kwargs, simulator_url))
+    assert results
+
+    (span,) = await settled_spans(otel)
+    operation = "chat" if api == "chat" or provider in TEXT_AS_CHAT else "text_completion"
+    payload = expected_payload(simulator_url, span, sdk_kwargs)
+    record = spec_decode_otel.record_from_json(payload)
+    assert record is not None and record.engine == "vllm"
+    if (provider, api) in OWN_HANDLER and stream:
+        record = None  # LiteLLM rebuilt the chunks: the usage chunk's metrics are gone
+    check_span(span, simulator_url, record, operation)
+    assert requests_by_outcome(otel) == {expected_outcome(record): 1}
+    host, port = server_of(simulator_url)
+    check_metric_points(
+        otel,
+        record,
+        {
+            "gen_ai.operation.name": operation,
+            "gen_ai.provider.name": "openai",
+            "gen_ai.request.model": MODEL,
+            "gen_ai.response.model": MODEL,
+            "server.address": host,
+            "server.port": port,
+        },
+    )
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_litellm_own_handler_gives_every_engine_record(
+    engine: str, mode: str, otel: Otel, simulator_url: str
+) -> None:
+    """``hosted_vllm/`` chat, non-streaming, for every engine shape: root fields
+    (``metrics``, ``sglext``, ``timings``) survive in LiteLLM's response, per-choice ones
+    (pre-merge vLLM, TensorRT-LLM) come back from ``provider_specific_fields``."""
+    otel.instrument(genai_metrics=True)
+    sdk_kwargs = request_kwargs(engine, "chat", False, seed_for(engine, mode))
+    results = await call("chat", mode, litellm_kwargs("hosted_vllm", sdk_kwargs, simulator_url))
+    payload = raw_payload(simulator_url, "chat", sdk_kwargs)
+    record = spec_decode_otel.record_from_json(payload)
+    assert (record is None) == (engine == "none")
+
+    (span,) = await settled_spans(otel)
+    check_span(span, simulator_url, record, "chat")
+    usage = payload["usage"]
+    assert span.attributes["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
+    assert span.attributes["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
+    assert span.attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    # the user got LiteLLM's usual response, with the same content the server sent
+    assert results[0].choices[0].message.content == payload["choices"][0]["message"]["content"]
+    duration = otel.points(otel.metrics(), "gen_ai.client.operation.duration")
+    # counted from LiteLLM's start of the call, like the span
+    assert len(duration) == 1
+    assert duration[0].sum == pytest.approx((span.end_time - span.start_time) / 1e9, abs=0.05)
+    host, port = server_of(simulator_url)
+    check_metric_points(
+        otel,
+        record,
+        {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": "openai",
+            "gen_ai.request.model": MODEL,
+            "gen_ai.response.model": MODEL,
+            "server.address": host,
+            "server.port": port,
+        },
+    )
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("engine", ["vllm", "vllm-premerge", "sglang", "trtllm", "llamacpp"])
+async def test_own_handler_streams_lose_the_stats_and_say_so(
+    engine: str, mode: str, otel: Otel, simulator_url: str
+) -> None:
+    """LiteLLM 1.110's own handler rebuilds each stream chunk from a fixed set of fields
+    (``OpenAIChatCompletionStreamingHandler.chunk_parser``: id, model, choices' delta and
+    finish reason, usage): root ``metrics``/``sglext``/``timings`` and per-choice stats
+    never reach a callback. The span says ``no_stats``; no spec-decode metric is made
+    up; README's LiteLLM section says so."""
+    otel.instrument()
+    sdk_kwargs = request_kwargs(engine, "chat", True, seed_for("stream", engine, mode))
+    sdk_kwargs["stream_options"] = {"include_usage": True}
+    chunks = await call("chat", mode, litellm_kwargs("hosted_vllm", sdk_kwargs, simulator_url))
+    assert chunks
+    assert spec_decode_otel.record_from_json(raw_payload(simulator_url, "chat", sdk_kwargs))
+
+    (span,) = await settled_spans(otel)
+    check_span(span, simulator_url, None, "chat")
+    assert span.attributes["gen_ai.usage.output_tokens"] > 0  # include_usage: the server's
+    assert requests_by_outcome(otel) == {"no_stats": 1}
+    check_metric_points(otel, None, {})
+
+
+# -- the callback alone ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize(
+    ("provider", "api"),
+    [("hosted_vllm", "chat"), ("openai", "chat"), ("hosted_vllm", "completions"),
+     ("lm_studio", "completions")],
+)  # fmt: skip
+@pytest.mark.parametrize("engine", ["vllm", "vllm-premerge", "sglang", "trtllm", "llamacpp"])
+async def test_callback_alone_records_every_route_from_what_litellm_keeps(
+    engine: str, provider: str, api: str, mode: str, otel: Otel, simulator_url: str
+) -> None:
+    """Without the openai wrapper, ``litellm.callbacks.append(SpecDecodeLiteLLMCallback())``
+    records SDK routes too, from LiteLLM's ``original_response`` (the body's JSON text or
+    the SDK's object): ``lm_studio/`` answers a text completion through the chat endpoint
+    and its own response object keeps none of the chat body's root fields."""
+    callback = SpecDecodeLiteLLMCallback(
+        tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider
+    )
+    litellm.callbacks.append(callback)
+    try:
+        sdk_kwargs = request_kwargs(engine, api, False, seed_for("alone", engine, provider, api))
+        await call(api, mode, litellm_kwargs(provider, sdk_kwargs, simulator_url))
+        (span,) = await settled_spans(otel)
+    finally:
+        callback.unregister()
+    operation = span.attributes["gen_ai.operation.name"]
+    assert operation == OPERATION[api]  # LiteLLM's call type, whatever endpoint it used
+    record = spec_decode_otel.record_from_json(expected_payload(simulator_url, span, sdk_kwargs))
+    assert record is not None
+    check_span(span, simulator_url, record, operation)
+    assert requests_by_outcome(otel) == {expected_outcome(record): 1}
+
+
+async def test_two_callbacks_still_give_one_record(otel: Otel, simulator_url: str) -> None:
+    """The instrumentor's callback plus one added by hand (and LiteLLM's sync and async
+    success events for one call): one span, one count."""
+    otel.instrument()
+    litellm.callbacks.append(
+        SpecDecodeLiteLLMCallback(
+            tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider
+        )
+    )
+    registered = [c for c in litellm.callbacks if isinstance(c, SpecDecodeLiteLLMCallback)]
+    assert len(registered) == 2
+    sdk_kwargs = request_kwargs("vllm", "chat", False, 41)
+    await call("chat", "sync", litellm_kwargs("hosted_vllm", sdk_kwargs, simulator_url))
+    await call("chat", "async", litellm_kwargs("hosted_vllm", sdk_kwargs, simulator_url))
+    spans = await settled_spans(otel, 2)
+    assert len(spans) == 2
+    assert requests_by_outcome(otel) == {"recorded": 2}
+
+
+# -- errors, user-visible behaviour, LiteLLM's own features ----------------------------------
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("provider", ["hosted_vllm", "openai"])
+async def test_errors_reach_the_user_unchanged_and_one_error_span(
+    provider: str, mode: str, otel: Otel, simulator_url: str
+) -> None:
+    sdk_kwargs = request_kwargs("vllm", "chat", False, 7)
+    sdk_kwargs["extra_headers"]["x-sim-fault"] = "http-500"
+    kwargs = {**litellm_kwargs(provider, sdk_kwargs, simulator_url), "num_retries": 0}
+
+    async def attempt() -> BaseException:
+        with pytest.raises(litellm.InternalServerError) as info:
+            await call("chat", mode, dict(kwargs))
+        return info.value
+
+    bare = await attempt()
+    otel.instrument()
+    seen = await attempt()
+    assert type(seen) is type(bare) and seen.status_code == bare.status_code == 500
+    assert str(seen) == str(bare)
+    (span,) = await settled_spans(otel)
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.attributes["spec_decode.outcome"] == "error"
+    assert span.attributes["error.type"]
+    assert requests_by_outcome(otel) == {"error": 1}
+
+
+class Recorder(CustomLogger):
+    """Another user's callback: it must keep getting its events."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.responses: list[Any] = []
+
+    def log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any):  # type: ignore[no-untyped-def]
+        self.responses.append(response_obj)
+
+    async def async_log_success_event(
+        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+    ):  # type: ignore[no-untyped-def]
+        self.responses.append(response_obj)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_cost_tracking_other_callbacks_and_the_response_are_untouched(
+    mode: str, otel: Otel, simulator_url: str
+) -> None:
+    """LiteLLM's cost tracking (``_hidden_params["response_cost"]``,
+    ``litellm.completion_cost``) and another callback work as without us, and the user
+    gets the same response."""
+    pricing = {"input_cost_per_token": 2e-6, "output_cost_per_token": 5e-6}
+    recorder = Recorder()  # LiteLLM keeps one logger per class: one for both calls
+    litellm.callbacks.append(recorder)
+
+    async def one(seed: int) -> Any:
+        sdk_kwargs = request_kwargs("vllm", "chat", False, seed)
+        kwargs = {**litellm_kwargs("hosted_vllm", sdk_kwargs, simulator_url), **pricing}
+        (response,) = await call("chat", mode, kwargs)
+        deadline = time.monotonic() + SETTLE
+        while not any(r is response for r in recorder.responses) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return response
+
+    bare = await one(11)
+    otel.instrument()
+    seen = await one(11)
+    (span,) = await settled_spans(otel)
+    assert span.attributes["spec_decode.outcome"] == "recorded"
+
+    usage = seen.usage
+    cost = usage.prompt_tokens * 2e-6 + usage.completion_tokens * 5e-6
+    assert seen._hidden_params["response_cost"] == pytest.approx(cost)
+    assert bare._hidden_params["response_cost"] == pytest.approx(cost)
+    per_token = {"input_cost_per_token": 2e-6, "output_cost_per_token": 5e-6}
+    assert litellm.completion_cost(
+        completion_response=seen, custom_cost_per_token=per_token
+    ) == pytest.approx(cost)
+    assert [id(r) for r in recorder.responses] == [id(bare), id(seen)]
+    volatile = {"id", "created"}
+    assert seen.model_dump(exclude=volatile) == bare.model_dump(exclude=volatile)
+    assert seen.model_extra == bare.model_extra  # vLLM's metrics, as LiteLLM kept them
+
+
+async def test_uninstrument_removes_the_callback(otel: Otel, simulator_url: str) -> None:
+    otel.instrument()
+    assert [c for c in litellm.callbacks if isinstance(c, SpecDecodeLiteLLMCallback)]
+    otel.uninstrument()
+    lists = (litellm.callbacks, litellm.success_callback, litellm._async_success_callback)
+    assert not [c for cs in lists for c in cs if isinstance(c, SpecDecodeLiteLLMCallback)]
+    sdk_kwargs = request_kwargs("vllm", "chat", False, 5)
+    await call("chat", "sync", litellm_kwargs("hosted_vllm", sdk_kwargs, simulator_url))
+    await asyncio.sleep(0.5)
+    assert otel.our_spans() == []
+
+
+# -- registration: only when litellm is imported, never imported by us ----------------------
+
+REGISTRATION = """
+import sys
+from opentelemetry.sdk.trace import TracerProvider
+from spec_decode_otel import SpecDecodeInstrumentor
+if sys.argv[1] == "absent":
+    sys.modules["litellm"] = None  # as if not installed: importing it fails
+SpecDecodeInstrumentor().instrument(tracer_provider=TracerProvider())
+print("imported" if sys.modules.get("litellm") else "not imported")
+if sys.argv[1] == "present":
+    import litellm
+    from spec_decode_otel.integrations.litellm import SpecDecodeLiteLLMCallback
+    print(sum(isinstance(c, SpecDecodeLiteLLMCallback) for c in litellm.callbacks))
+"""
+
+
+@pytest.mark.parametrize("installed", ["present", "absent"])
+async def test_instrument_registers_the_callback_only_once_litellm_is_imported(
+    installed: str,
+) -> None:
+    """``SpecDecodeInstrumentor().instrument()`` (hence ``setup()`` and
+    ``opentelemetry-instrument``) never imports LiteLLM (about ten seconds here): the
+    callback goes in when the application imports it, and without LiteLLM nothing
+    happens and nothing fails."""
+    done = subprocess.run(
+        [sys.executable, "-c", REGISTRATION, installed],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split()
+    assert lines[:2] == ["not", "imported"]
+    assert lines[2:] == (["1"] if installed == "present" else [])

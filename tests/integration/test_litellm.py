@@ -16,11 +16,13 @@ span says ``no_stats``.
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import os
 import subprocess
 import sys
 import time
+import warnings
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -78,19 +80,38 @@ def litellm_callbacks() -> Iterator[None]:
 
 #: LiteLLM caches its HTTP clients per event loop: one loop for the whole module keeps it
 #: from piling up clients of closed loops (whose sockets then leak when collected).
-#: LiteLLM 1.110 also leaves an async text-completion stream's connection open (the same
-#: with this package not instrumenting): the warnings its socket and transport give when
-#: collected are let through here, and no other unraisable one.
+#: LiteLLM 1.110 also leaves connections open (an async text-completion stream's, its
+#: aiohttp connectors'; the same with this package not instrumenting): the warnings their
+#: socket, transport, connector and session give when collected are let through here,
+#: and no other unraisable one.
+LITELLM_LEAKS = (
+    "<socket.socket",
+    "<function _SelectorTransport.__del__",
+    "<function BaseConnector.__del__",
+    "<function ClientSession.__del__",
+)
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
-    pytest.mark.filterwarnings(
-        "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
+    *(
+        pytest.mark.filterwarnings(
+            f"ignore:Exception ignored in. {leak}:pytest.PytestUnraisableExceptionWarning"
+        )
+        for leak in LITELLM_LEAKS
     ),
-    pytest.mark.filterwarnings(
-        "ignore:Exception ignored in. <function _SelectorTransport.__del__"
-        ":pytest.PytestUnraisableExceptionWarning"
-    ),
+    # the same leaks when aiohttp warns directly rather than from a finalizer
+    pytest.mark.filterwarnings("ignore:Unclosed connector:ResourceWarning"),
+    pytest.mark.filterwarnings("ignore:Unclosed client session:ResourceWarning"),
 ]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def collect_litellm_leaks() -> Iterator[None]:
+    """Collect what LiteLLM leaked here, under this module's filters, so that its
+    finalizers' warnings never land in a later module's test."""
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module", autouse=True)
@@ -367,6 +388,43 @@ async def test_two_callbacks_still_give_one_record(otel: Otel, simulator_url: st
     spans = await settled_spans(otel, 2)
     assert len(spans) == 2
     assert requests_by_outcome(otel) == {"recorded": 2}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_span_joins_the_callers_trace_with_its_attributes(
+    mode: str, otel: Otel, simulator_url: str
+) -> None:
+    """Made after the call, the span is still the child of the span current when the call
+    started, with the ``spec_decode_otel.attributes`` in force there (allow-listed ones
+    on the metrics too), like the openai wrapper's."""
+    otel.instrument(metric_attributes=("workload",))
+    sdk_kwargs = request_kwargs("vllm", "chat", False, seed_for("parent", mode))
+    with (
+        otel.tracer.start_as_current_span("agent step") as parent,
+        spec_decode_otel.attributes(workload="summaries", tenant="acme"),
+    ):
+        await call("chat", mode, litellm_kwargs("hosted_vllm", sdk_kwargs, simulator_url))
+    (span,) = await settled_spans(otel)
+    assert span.parent is not None
+    assert span.parent.span_id == parent.get_span_context().span_id
+    assert span.context.trace_id == parent.get_span_context().trace_id
+    assert (span.attributes["workload"], span.attributes["tenant"]) == ("summaries", "acme")
+    (point,) = otel.points(otel.metrics(), "spec_decode.acceptance_length")
+    assert point.attributes["workload"] == "summaries" and "tenant" not in point.attributes
+
+
+async def test_n_greater_than_one_gives_a_span_without_a_record(
+    otel: Otel, simulator_url: str
+) -> None:
+    otel.instrument()
+    sdk_kwargs = request_kwargs("vllm-premerge", "chat", False, 17, n=2)
+    results = await call("chat", "sync", litellm_kwargs("hosted_vllm", sdk_kwargs, simulator_url))
+    assert len(results[0].choices) == 2
+    (span,) = await settled_spans(otel)
+    assert spec_decode_attributes(span.attributes) == {}
+    assert span.attributes["spec_decode.outcome"] == "multi_sequence"
+    assert len(span.attributes["gen_ai.response.finish_reasons"]) == 2
+    assert requests_by_outcome(otel) == {"multi_sequence": 1}
 
 
 # -- errors, user-visible behaviour, LiteLLM's own features ----------------------------------

@@ -81,6 +81,8 @@ OPERATIONS: Mapping[str, str] = {
 }
 #: Calls started but not yet reported ended, and calls already recorded, kept at most.
 MAX_CALLS = 4096
+#: Request fields that are content (never read, never kept).
+_CONTENT = frozenset({"messages", "prompt"})
 #: Choice fields that are content (never read) or that the choice view sets itself.
 _NOT_STATS = frozenset({"text", "message", "delta", "logprobs", "index", "finish_reason"})
 
@@ -94,8 +96,11 @@ class _Started:
     context: Context
     #: ``spec_decode_otel.attributes`` in force where the call was made.
     user: Mapping[str, Any]
-    #: The JSON body LiteLLM built, for adapters that read the request.
+    #: The JSON body LiteLLM built, for adapters that read the request, without the
+    #: prompt and messages: a call LiteLLM never reports ended must not keep them.
     request: Mapping[str, Any] | None
+    #: Sequences the request asked for (``n``, times the prompts of a completion).
+    sequences: int
 
 
 class _Calls:
@@ -229,14 +234,16 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
 
         def make() -> _Started:
             additional = kwargs.get("additional_args")
-            request = (
+            body = (
                 additional.get("complete_input_dict") if isinstance(additional, Mapping) else None
             )
+            body = body if isinstance(body, Mapping) else None
             return _Started(
                 SdkMark(),
                 otel_context.get_current(),
                 current_attributes(),
-                request if isinstance(request, Mapping) else None,
+                None if body is None else {k: v for k, v in body.items() if k not in _CONTENT},
+                _requested_sequences(body or {}),
             )
 
         current_mark.set(_calls.start(call_id, make).mark)
@@ -384,7 +391,6 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
                 ),
                 _nanoseconds(end_time),
             )
-        request = started.request or {}
         return CallPlan(
             instruments=instrumentation.instruments,
             span=span,
@@ -392,7 +398,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             metric_attributes=metric_attrs,
             genai_metrics=None if enrich and foreign else instrumentation.genai_metrics,
             per_step_max_length=settings.per_step_max_length if settings.record_per_step else None,
-            requested_sequences=_requested_sequences(request),
+            requested_sequences=started.sequences,
             server=f"{host}:{port}",
             streaming=streaming,
             include_usage=include_usage,

@@ -51,6 +51,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import spec_decode_otel
 from spec_decode_otel.integrations.litellm import SpecDecodeLiteLLMCallback
+from spec_decode_otel.telemetry import SCOPE_NAME
 
 #: LiteLLM providers that reach an OpenAI-compatible server (LiteLLM 1.110 has no
 #: ``sglang/`` provider, and ``openai_like/`` serves embeddings only).
@@ -425,6 +426,38 @@ async def test_n_greater_than_one_gives_a_span_without_a_record(
     assert span.attributes["spec_decode.outcome"] == "multi_sequence"
     assert len(span.attributes["gen_ai.response.finish_reasons"]) == 2
     assert requests_by_outcome(otel) == {"multi_sequence": 1}
+
+
+@pytest.mark.parametrize("provider", ["hosted_vllm", "openai"])
+async def test_with_litellm_opentelemetry_callback_its_span_and_ours(
+    provider: str, otel: Otel, simulator_url: str
+) -> None:
+    """LiteLLM's OpenTelemetry callback makes and ends its ``litellm_request`` span inside
+    its own logging handler (``OpenTelemetry._start_primary_span``: start, set_attributes,
+    end), where no callback can add to it: with it on, the call has its span and ours,
+    ``spec_decode.*`` only on ours, and still one record (README: LiteLLM)."""
+    from litellm.integrations.opentelemetry import OpenTelemetry, OpenTelemetryConfig
+
+    otel.instrument()
+    theirs = OpenTelemetry(
+        config=OpenTelemetryConfig(exporter=otel.exporter, skip_set_global=True),
+        tracer_provider=otel.tracer_provider,
+    )
+    litellm.callbacks.append(theirs)
+    sdk_kwargs = request_kwargs("vllm", "chat", False, seed_for("litellm-otel", provider))
+    await call("chat", "sync", litellm_kwargs(provider, sdk_kwargs, simulator_url))
+    (ours,) = await settled_spans(otel)
+    deadline = time.monotonic() + SETTLE
+    while not [s for s in otel.spans() if s.name == "litellm_request"] and (
+        time.monotonic() < deadline
+    ):
+        await asyncio.sleep(0.02)
+    (litellm_span,) = [s for s in otel.spans() if s.name == "litellm_request"]
+    assert litellm_span.instrumentation_scope.name == "litellm"
+    theirs_only = [s for s in otel.spans() if s.instrumentation_scope.name != SCOPE_NAME]
+    assert not [k for s in theirs_only for k in s.attributes if k.startswith("spec_decode.")]
+    assert ours.attributes["spec_decode.outcome"] == "recorded"
+    assert requests_by_outcome(otel) == {"recorded": 1}
 
 
 # -- errors, user-visible behaviour, LiteLLM's own features ----------------------------------

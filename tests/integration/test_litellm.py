@@ -50,6 +50,7 @@ from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_c
 from opentelemetry.trace import SpanKind, StatusCode
 
 import spec_decode_otel
+from spec_decode_otel._logging import _said_once
 from spec_decode_otel.integrations.litellm import SpecDecodeLiteLLMCallback
 from spec_decode_otel.telemetry import SCOPE_NAME
 
@@ -322,7 +323,7 @@ async def test_own_handler_streams_lose_the_stats_and_say_so(
     (``OpenAIChatCompletionStreamingHandler.chunk_parser``: id, model, choices' delta and
     finish reason, usage): root ``metrics``/``sglext``/``timings`` and per-choice stats
     never reach a callback. The span says ``no_stats``; no spec-decode metric is made
-    up; README's LiteLLM section says so."""
+    up; README's LiteLLM section and a one-time warning say so."""
     otel.instrument()
     sdk_kwargs = request_kwargs(engine, "chat", True, seed_for("stream", engine, mode))
     sdk_kwargs["stream_options"] = {"include_usage": True}
@@ -335,6 +336,8 @@ async def test_own_handler_streams_lose_the_stats_and_say_so(
     assert span.attributes["gen_ai.usage.output_tokens"] > 0  # include_usage: the server's
     assert requests_by_outcome(otel) == {"no_stats": 1}
     check_metric_points(otel, None, {})
+    # and the log says it once, with the way out (warn_once: process-wide)
+    assert "litellm-stream" in _said_once
 
 
 # -- the callback alone ------------------------------------------------------------------

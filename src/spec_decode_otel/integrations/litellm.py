@@ -52,7 +52,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
 from spec_decode_otel._attributes import current_attributes
-from spec_decode_otel._logging import report_internal_error
+from spec_decode_otel._logging import report_internal_error, warn_once
 from spec_decode_otel.instrumentation import _build
 from spec_decode_otel.instrumentation.call import Call, CallPlan
 from spec_decode_otel.instrumentation.coexistence import is_foreign_genai_span
@@ -321,6 +321,12 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             else:
                 call.finish_object(body)
             return
+        warn_once(
+            "litellm-stream",
+            "LiteLLM rebuilds the chunks of streams it reads itself and drops their "
+            "spec-decode stats: these calls get no record. Stream through the openai/ "
+            "provider (with api_base) under SpecDecodeInstrumentor, or do not stream.",
+        )
         view = _SdkShaped.of(response, keep_usage=include_usage)
         first = _seconds(start_time, kwargs.get("completion_start_time"))
         call.finish_stream(

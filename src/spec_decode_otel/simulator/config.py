@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -28,20 +28,8 @@ Level = Literal["none", "summary", "detailed"]
 #: ``tokenspeed`` TokenSpeed's ``meta_info`` names, ``smg`` the smg gateway's
 #: prediction-token pair in ``usage``, ``mlx-vlm`` llama.cpp's ``timings`` with mlx-vlm's
 #: ``draft_rounds`` and ``draft_kind`` (streams: on the usage chunk only).
-ENGINES: tuple[str, ...] = (
-    "vllm",
-    "vllm-premerge",
-    "sglang",
-    "sglang-no-histogram",
-    "tokenspeed",
-    "smg",
-    "trtllm",
-    "trtllm-released",
-    "llamacpp",
-    "mlx-vlm",
-    "none",
-)
-LEVELS: tuple[str, ...] = ("none", "summary", "detailed")
+ENGINES: tuple[str, ...] = get_args(Engine)
+LEVELS: tuple[str, ...] = get_args(Level)
 
 
 class SimulatorConfig(BaseModel):

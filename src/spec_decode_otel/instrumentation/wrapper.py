@@ -18,6 +18,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -99,17 +100,49 @@ class Instrumentation:
     def _start(
         self, client: Any, options: Any, operation: str, body: Mapping[str, Any]
     ) -> tuple[Call, Any, bool]:
-        settings = self.settings
-        model = body.get("model") if isinstance(body.get("model"), str) else None
         streaming = body.get("stream") is True
         if options.url in _AMENDABLE:
             options, injected_usage = self._amend(options, body, streaming)
         else:
             injected_usage = False
-        sent = options.json_data if isinstance(options.json_data, Mapping) else body
-        host, port = _server(client)
-        user = current_attributes()
+        stream_options = body.get("stream_options")
+        asked_usage = isinstance(stream_options, Mapping) and stream_options.get("include_usage")
+        plan = self.plan(
+            operation,
+            model=body.get("model"),
+            server=_server(client),
+            user=current_attributes(),
+            parent=otel_context.get_current(),
+            requested_sequences=_requested_sequences(body),
+            request=options.json_data if isinstance(options.json_data, Mapping) else body,
+            streaming=streaming,
+            include_usage=injected_usage or asked_usage is True,
+        )
+        if self.settings.inject_traceparent:
+            options = _inject_trace_context(options, plan.span)
+        return Call(plan), options, injected_usage
 
+    def plan(
+        self,
+        operation: str,
+        *,
+        model: Any,
+        server: tuple[str | None, int | None],
+        user: Mapping[str, Any],
+        parent: Context,
+        requested_sequences: int,
+        request: Mapping[str, Any] | None,
+        streaming: bool,
+        include_usage: bool,
+        start_time: int | None = None,
+    ) -> CallPlan:
+        """A call's span and metric attributes, for the openai wrapper and the LiteLLM
+        callback alike. The span that is current in ``parent`` is enriched when the mode
+        says so (``enrich``; ``auto`` and another GenAI instrumentation's span), unless an
+        earlier call enriched it already; otherwise the call gets a span of its own."""
+        settings = self.settings
+        model = model if isinstance(model, str) else None
+        host, port = server
         span_attrs: dict[str, Any] = {
             GEN_AI_OPERATION_NAME: operation,
             GEN_AI_PROVIDER_NAME: PROVIDER,
@@ -127,7 +160,7 @@ class Instrumentation:
             if key in user:
                 metric_attrs[key] = bound(key, user[key])
 
-        current = trace.get_current_span()
+        current = trace.get_current_span(parent)
         foreign = is_foreign_genai_span(current)
         enrich = (
             current.is_recording()
@@ -142,29 +175,25 @@ class Instrumentation:
         else:
             span = self.tracer.start_span(
                 f"{operation} {model}" if model else operation,
+                context=parent,
                 kind=SpanKind.CLIENT,
                 attributes={**span_attrs, **user},
+                start_time=start_time,
             )
-        context = trace.set_span_in_context(span)
-        stream_options = body.get("stream_options")
-        asked_usage = isinstance(stream_options, Mapping) and stream_options.get("include_usage")
-        plan = CallPlan(
+        return CallPlan(
             instruments=self.instruments,
             span=span,
             own_span=not enrich,
             metric_attributes=metric_attrs,
             genai_metrics=None if enrich and foreign else self.genai_metrics,
             per_step_max_length=settings.per_step_max_length if settings.record_per_step else None,
-            requested_sequences=_requested_sequences(body),
-            request=sent,
+            requested_sequences=requested_sequences,
+            request=request,
             server=f"{host}:{port}",
             streaming=streaming,
-            include_usage=injected_usage or asked_usage is True,
-            context=context,
+            include_usage=include_usage,
+            context=trace.set_span_in_context(span, parent),
         )
-        if settings.inject_traceparent:
-            options = _inject_trace_context(options, span)
-        return Call(plan), options, injected_usage
 
     def _amend(self, options: Any, body: Mapping[str, Any], streaming: bool) -> tuple[Any, bool]:
         """Opt-in request changes, on a copy: the user's own objects are never mutated."""

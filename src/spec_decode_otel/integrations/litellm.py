@@ -33,6 +33,7 @@ span and ours (only ours carries ``spec_decode.*``).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import threading
@@ -47,30 +48,17 @@ from urllib.parse import urlsplit
 import wrapt
 from litellm.integrations.custom_logger import CustomLogger
 from opentelemetry import context as otel_context
-from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import SpanKind
 
 from spec_decode_otel._attributes import current_attributes
 from spec_decode_otel._logging import report_internal_error, warn_once
 from spec_decode_otel.instrumentation import _build
 from spec_decode_otel.instrumentation.call import Call, CallPlan
-from spec_decode_otel.instrumentation.coexistence import is_foreign_genai_span
 from spec_decode_otel.instrumentation.wrapper import (
-    PROVIDER,
     Instrumentation,
-    _already_enriched,
-    _mark_enriched,
     _requested_sequences,
 )
 from spec_decode_otel.integrations import SdkMark, current_mark
-from spec_decode_otel.telemetry import (
-    GEN_AI_OPERATION_NAME,
-    GEN_AI_PROVIDER_NAME,
-    GEN_AI_REQUEST_MODEL,
-    SERVER_ADDRESS,
-    SERVER_PORT,
-)
 
 #: LiteLLM call types → GenAI operation names. Other calls (embeddings, ...) are not ours.
 OPERATIONS: Mapping[str, str] = {
@@ -352,65 +340,22 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
     ) -> CallPlan:
         """The openai wrapper's plan for this call (same attributes, same coexistence
         rules), decided now with what was current when the call started."""
-        instrumentation = self._instrumentation
-        settings = instrumentation.settings
-        bound = instrumentation.instruments.bound
-        model = kwargs.get("model") if isinstance(kwargs.get("model"), str) else None
-        host, port = _server(kwargs)
-        span_attrs: dict[str, Any] = {
-            GEN_AI_OPERATION_NAME: operation,
-            GEN_AI_PROVIDER_NAME: PROVIDER,
-        }
-        metric_attrs = dict(span_attrs)
-        for key, value in ((GEN_AI_REQUEST_MODEL, model), (SERVER_ADDRESS, host)):
-            if value is not None:
-                span_attrs[key] = value
-                metric_attrs[key] = bound(key, value)
-        if port is not None:
-            span_attrs[SERVER_PORT] = port
-            metric_attrs[SERVER_PORT] = port
-        user = started.user
-        for key in settings.metric_attributes:
-            if key in user:
-                metric_attrs[key] = bound(key, user[key])
-
-        current = trace.get_current_span(started.context)
-        foreign = is_foreign_genai_span(current)
-        enrich = (
-            current.is_recording()
-            and not _already_enriched(current)
-            and (settings.mode == "enrich" or (settings.mode == "auto" and foreign))
-        )
-        if enrich:
-            span: Any = current
-            _mark_enriched(span)
-            if user:
-                span.set_attributes(user)
-        else:
-            span = _EndsAt(
-                instrumentation.tracer.start_span(
-                    f"{operation} {model}" if model else operation,
-                    context=started.context,
-                    kind=SpanKind.CLIENT,
-                    attributes={**span_attrs, **user},
-                    start_time=_nanoseconds(start_time),
-                ),
-                _nanoseconds(end_time),
-            )
-        return CallPlan(
-            instruments=instrumentation.instruments,
-            span=span,
-            own_span=not enrich,
-            metric_attributes=metric_attrs,
-            genai_metrics=None if enrich and foreign else instrumentation.genai_metrics,
-            per_step_max_length=settings.per_step_max_length if settings.record_per_step else None,
+        plan = self._instrumentation.plan(
+            operation,
+            model=kwargs.get("model"),
+            server=_server(kwargs),
+            user=started.user,
+            parent=started.context,
             requested_sequences=started.sequences,
-            server=f"{host}:{port}",
+            request=started.request,
             streaming=streaming,
             include_usage=include_usage,
-            context=trace.set_span_in_context(getattr(span, "__wrapped__", span)),
-            request=started.request,
+            start_time=_nanoseconds(start_time),
         )
+        if not plan.own_span:
+            return plan
+        ends_at: Any = _EndsAt(plan.span, _nanoseconds(end_time))
+        return dataclasses.replace(plan, span=ends_at)
 
 
 class _EndsAt(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from wrapt 2

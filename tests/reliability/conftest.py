@@ -16,15 +16,21 @@ import httpx
 import pytest
 from reliability_helpers import API_KEY, Otel
 
-#: (label, x-spec-decode-engine, extra body fields)
-ENGINE_SHAPES: tuple[tuple[str, str, dict[str, Any]], ...] = (
-    ("vllm", "vllm", {}),
-    ("vllm-premerge", "vllm-premerge", {}),
-    ("sglang", "sglang", {"return_spec_tokens_details": True}),
-    ("sglang-meta", "sglang", {"return_meta_info": True}),
-    ("trtllm", "trtllm", {}),
-    ("trtllm-released", "trtllm-released", {}),
-    ("llamacpp", "llamacpp", {}),
+#: The SGLang request field that asks for stats in a stream. SGLang 0.5.23 refuses
+#: ``return_meta_info`` with ``stream: true`` (HTTP 400, ``serving_chat.py``
+#: ``_convert_to_internal_request``), so the ``sglang-meta`` shape's stream is the one
+#: SGLang does send: ``sglext`` on its own chunk.
+_SGLANG_STREAM = {"return_spec_tokens_details": True}
+
+#: (label, x-spec-decode-engine, extra body fields, extra fields of the streamed request)
+ENGINE_SHAPES: tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...] = (
+    ("vllm", "vllm", {}, {}),
+    ("vllm-premerge", "vllm-premerge", {}, {}),
+    ("sglang", "sglang", _SGLANG_STREAM, _SGLANG_STREAM),
+    ("sglang-meta", "sglang", {"return_meta_info": True}, _SGLANG_STREAM),
+    ("trtllm", "trtllm", {}, {}),
+    ("trtllm-released", "trtllm-released", {}, {}),
+    ("llamacpp", "llamacpp", {}, {}),
 )
 
 
@@ -48,24 +54,22 @@ class EnginePayload:
 def engine_payloads(simulator_url: str) -> dict[str, EnginePayload]:
     out: dict[str, EnginePayload] = {}
     with httpx.Client(base_url=simulator_url, timeout=30.0) as http:
-        for label, engine, extra in ENGINE_SHAPES:
+        for label, engine, extra, stream_extra in ENGINE_SHAPES:
             request = {
                 "model": "spec-sim",
                 "messages": [{"role": "user", "content": "reliability fixture"}],
                 "max_tokens": 24,
-                **extra,
             }
             headers = {
                 "authorization": f"Bearer {API_KEY}",
                 "x-spec-decode-engine": engine,
                 "x-sim-seed": "7",
             }
-            body = http.post("/chat/completions", json=request, headers=headers)
+            body = http.post("/chat/completions", json={**request, **extra}, headers=headers)
             body.raise_for_status()
+            stream = {"stream": True, "stream_options": {"include_usage": True}}
             streamed = http.post(
-                "/chat/completions",
-                json={**request, "stream": True, "stream_options": {"include_usage": True}},
-                headers=headers,
+                "/chat/completions", json={**request, **stream_extra, **stream}, headers=headers
             )
             streamed.raise_for_status()
             out[label] = EnginePayload(label, engine, body.json(), streamed.text)

@@ -118,16 +118,36 @@ class ResponsesRequest(_CommonRequest):
 
 #: Engines answering with SGLang's field family (``sglext``, ``meta_info``).
 SGLANG_FAMILY = frozenset({"sglang", "sglang-no-histogram", "tokenspeed"})
+#: SGLang's own server (checked against SGLang 0.5.23, the newest release, Dec 2026).
+#: ``return_meta_info`` exists on its chat request only (``ChatCompletionRequest`` in
+#: ``srt/entrypoints/openai/protocol.py``; ``CompletionRequest`` has no such field and
+#: ignores it), and a streamed chat request carrying it is refused before anything is
+#: generated: ``OpenAIServingChat._convert_to_internal_request`` (``serving_chat.py``)
+#: raises ValueError, which ``OpenAIServingBase.handle_request`` (``serving_base.py``)
+#: answers with HTTP 400 and an ``ErrorResponse`` body at the root (not under
+#: ``"error"``). Its streams carry spec-decode stats only as ``sglext`` on a separate
+#: ``choices: []`` chunk after the finish_reason chunks (``return_spec_tokens_details``).
+#: (SGLang's unreleased main nests the same body under ``"error"``.)
+SGLANG_SERVERS = frozenset({"sglang", "sglang-no-histogram"})
+SGLANG_STREAM_META_INFO = (
+    "return_meta_info is not supported with streaming. "
+    "Please set stream=false when using return_meta_info=true."
+)
 #: Engines answering with llama.cpp's root ``timings``.
 TIMINGS_FAMILY = frozenset({"llamacpp", "mlx-vlm"})
 
 
 class SimulatorError(Exception):
-    """An OpenAI-style error answer (status, message, type, code)."""
+    """An error answer: HTTP status and JSON body."""
 
-    def __init__(self, status: int, message: str, type_: str, code: str | int | None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.code = status, message, type_, code
+    def __init__(self, status: int, body: JSON) -> None:
+        super().__init__(status, body)
+        self.status, self.body = status, body
+
+    @classmethod
+    def invalid(cls, message: str) -> SimulatorError:
+        """OpenAI's 400 shape, for what the simulator itself refuses."""
+        return cls(400, error_body(message, "invalid_request_error", None))
 
 
 def dumps(obj: object) -> str:
@@ -514,14 +534,10 @@ class Simulator:
         headers = request.headers
         engine = (headers.get(HEADER_ENGINE) or cfg.engine).strip().lower()
         if engine not in ENGINES:
-            raise SimulatorError(
-                400, f"unknown {HEADER_ENGINE}: {engine!r}", "invalid_request_error", None
-            )
+            raise SimulatorError.invalid(f"unknown {HEADER_ENGINE}: {engine!r}")
         level = (headers.get(HEADER_LEVEL) or cfg.level).strip().lower()
         if level not in LEVELS:
-            raise SimulatorError(
-                400, f"unknown {HEADER_LEVEL}: {level!r}", "invalid_request_error", None
-            )
+            raise SimulatorError.invalid(f"unknown {HEADER_LEVEL}: {level!r}")
         try:
             schedule = (
                 parse_ints(headers[HEADER_SCHEDULE]) if headers.get(HEADER_SCHEDULE) else None
@@ -533,7 +549,7 @@ class Simulator:
             )
             faults = F.parse_faults(headers.get(HEADER_FAULT))
         except ValueError as exc:
-            raise SimulatorError(400, str(exc), "invalid_request_error", None) from exc
+            raise SimulatorError.invalid(str(exc)) from exc
 
         if kind == "chat":
             assert isinstance(req, ChatCompletionRequest)
@@ -549,10 +565,23 @@ class Simulator:
             multi = isinstance(p, list) and len(p) > 0 and not isinstance(p[0], int)
             prompts = list(p) if multi else [p]
             max_tokens = req.max_tokens
+        sglang_meta = bool(req.return_meta_info)
+        if engine in SGLANG_SERVERS and sglang_meta:
+            if kind != "chat":
+                sglang_meta = False  # not a field of SGLang's completion request
+            elif req.stream:
+                raise SimulatorError(
+                    400,
+                    {
+                        "object": "error",
+                        "message": SGLANG_STREAM_META_INFO,
+                        "type": "BadRequest",
+                        "param": None,
+                        "code": 400,
+                    },
+                )
         if engine in TIMINGS_FAMILY and (req.n != 1 or len(prompts) != 1):
-            raise SimulatorError(
-                400, "Only one completion choice is allowed", "invalid_request_error", None
-            )
+            raise SimulatorError.invalid("Only one completion choice is allowed")
         n_sequences = req.n * len(prompts)
         choices = [
             plan_choice(
@@ -582,7 +611,7 @@ class Simulator:
             choices=choices,
             include_usage=include_usage,
             sglang_details=bool(req.return_spec_tokens_details),
-            sglang_meta=bool(req.return_meta_info),
+            sglang_meta=sglang_meta,
             faults=faults,
         )
 
@@ -658,7 +687,7 @@ def create_app(config: SimulatorConfig | None = None) -> FastAPI:
 
     @app.exception_handler(SimulatorError)
     async def _sim_error(request: Request, exc: SimulatorError) -> Response:
-        return json_response(error_body(exc.message, exc.type, exc.code), exc.status)
+        return json_response(exc.body, exc.status)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -683,7 +712,7 @@ def create_app(config: SimulatorConfig | None = None) -> FastAPI:
         try:
             faults = F.parse_faults(request.headers.get(HEADER_FAULT))
         except ValueError as exc:
-            raise SimulatorError(400, str(exc), "invalid_request_error", None) from exc
+            raise SimulatorError.invalid(str(exc)) from exc
         if "http-429" in faults:
             return json_response(
                 error_body(
@@ -699,9 +728,7 @@ def create_app(config: SimulatorConfig | None = None) -> FastAPI:
             )
         gateway = (request.headers.get(HEADER_GATEWAY) or "").strip().lower()
         if gateway and gateway not in GATEWAYS:
-            raise SimulatorError(
-                400, f"unknown {HEADER_GATEWAY}: {gateway!r}", "invalid_request_error", None
-            )
+            raise SimulatorError.invalid(f"unknown {HEADER_GATEWAY}: {gateway!r}")
         plan = sim.plan(kind, req, request)
         server_metrics.count(c.generation for c in plan.choices)
         delay = _delay_seconds(request, faults, config)

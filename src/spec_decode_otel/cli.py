@@ -1,17 +1,20 @@
 """The ``spec-decode-otel`` command.
 
-Sub-commands live in the modules that own the concept (``parse`` in
-:mod:`spec_decode_otel.payloads`, ``summarize`` in :mod:`spec_decode_otel.summary`,
-``simulate`` in the simulator package, ``demo`` in :mod:`spec_decode_otel.demo`); this
-module only wires argparse. ``parse`` and ``summarize`` need the core alone; ``simulate``
-and ``demo`` need their extras and say how to install them.
+``parse`` and ``summarize`` need the core alone and run here, over
+:mod:`spec_decode_otel.payloads` and :mod:`spec_decode_otel.summary`, which do no I/O of
+their own. ``simulate`` and ``demo`` need their extras: their modules hold their flags and
+run them, and a missing extra is named instead of a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+from spec_decode_otel import summary
+from spec_decode_otel.payloads import record_from_text
 
 _EXTRA_HINT = {
     "simulate": "pip install 'spec-decode-otel[simulator]'",
@@ -22,29 +25,28 @@ _EXTRA_HINT = {
 def _build_parser() -> argparse.ArgumentParser:
     from spec_decode_otel.demo import add_arguments as add_demo_arguments
     from spec_decode_otel.simulator.cli import add_arguments as add_simulate_arguments
-    from spec_decode_otel.summary import add_arguments as add_summarize_arguments
 
     parser = argparse.ArgumentParser(
         prog="spec-decode-otel",
         description="Per-request speculative-decoding acceptance as OpenTelemetry.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    p_parse = sub.add_parser(
+    parse = sub.add_parser(
         "parse",
         help="turn a saved response, chunk list, JSON lines or raw SSE into a record",
     )
-    p_parse.add_argument("file", help="a file path, or - for standard input")
-    p_parse.add_argument(
+    parse.add_argument("file", help="a file path, or - for standard input")
+    parse.add_argument(
         "--request",
         metavar="FILE",
         help="the JSON request body the capture answers (needed to read usage-only counts)",
     )
-    add_summarize_arguments(
-        sub.add_parser(
-            "summarize",
-            help="per model and engine: acceptance figures and call outcomes of a records file",
-        )
+    summarize = sub.add_parser(
+        "summarize",
+        help="per model and engine: acceptance figures and call outcomes of a records file",
     )
+    summarize.add_argument("file", help="a records file (JSON lines), or - for standard input")
+    summarize.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_simulate_arguments(
         sub.add_parser("simulate", help="run the speculative-decoding simulator server")
     )
@@ -54,24 +56,68 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _read(path: str) -> str:
+    """The text of ``path``, or of standard input for ``-``."""
+    if path == "-":
+        return sys.stdin.read()
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _error(command: str, message: str) -> int:
+    """One line on stderr and exit status 2: what the README promises for bad input."""
+    print(f"spec-decode-otel {command}: {message}", file=sys.stderr)
+    return 2
+
+
+def _parse(path: str, request_path: str | None) -> int:
+    """Print the record of a capture as JSON (``null`` when it has no usable stats)."""
+    request = None
+    if request_path is not None:
+        try:
+            request = json.loads(_read(request_path))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            return _error("parse", f"cannot read {request_path}: {exc}")
+        if not isinstance(request, Mapping):
+            return _error("parse", f"{request_path} is not a JSON object")
+    try:
+        record = record_from_text(_read(path), request)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return _error("parse", f"cannot read {path}: {exc}")
+    print(json.dumps(record.model_dump(mode="json") if record is not None else None, indent=2))
+    return 0
+
+
+def _summarize(path: str, as_json: bool) -> int:
+    """Print the summary of a records file; lines that are not records are reported on
+    stderr and left out, so one bad line does not hide the rest."""
+    try:
+        text = _read(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        return _error("summarize", f"cannot read {path}: {exc}")
+    rows, problems = summary.read_rows(text.splitlines())
+    for problem in problems:
+        print(f"spec-decode-otel summarize: {path}: {problem}", file=sys.stderr)
+    summaries = summary.summarize(rows)
+    if as_json:
+        print(json.dumps({**summary.to_json(summaries), "skipped_lines": len(problems)}, indent=2))
+    else:
+        print(summary.render(summaries, "standard input" if path == "-" else path))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "parse":
-        from spec_decode_otel.payloads import run_parse_command
-
-        return run_parse_command(args.file, args.request)
+        return _parse(args.file, args.request)
     if args.command == "summarize":
-        from spec_decode_otel.summary import run as run_summarize
-
-        return run_summarize(args)
+        return _summarize(args.file, args.json)
     try:
         if args.command == "simulate":
-            from spec_decode_otel.simulator.cli import run as run_simulator
-
-            return run_simulator(args)
-        from spec_decode_otel.demo import run as run_demo
-
-        return run_demo(args)
+            from spec_decode_otel.simulator.cli import run
+        else:
+            from spec_decode_otel.demo import run
+        return run(args)
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] == "spec_decode_otel":
             raise
@@ -81,7 +127,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 3
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

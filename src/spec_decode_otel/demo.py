@@ -16,11 +16,9 @@ import argparse
 import asyncio
 import io
 import sys
-import threading
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
-from spec_decode_otel import summary
-from spec_decode_otel._attributes import attributes
+from spec_decode_otel import SpecDecodeInstrumentor, attributes, summary
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
@@ -55,25 +53,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class _Progress:
-    """A one-line progress bar on stderr (no dependency; silent when not wanted)."""
+    """A one-line progress bar on stderr, drawn only when ``enabled``. Every request ends
+    on the main thread (the sync loop, then one event loop), so no lock is needed."""
 
-    def __init__(self, total: int, enabled: bool, stream: TextIO = sys.stderr) -> None:
-        self.total, self.done, self.enabled, self.stream = total, 0, enabled, stream
-        self._lock = threading.Lock()
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.done, self.enabled = total, 0, enabled
 
     def advance(self) -> None:
-        with self._lock:
-            self.done += 1
-            if self.enabled:
-                width = 30
-                filled = width * self.done // max(self.total, 1)
-                self.stream.write(
-                    f"\r  requests [{'#' * filled}{'.' * (width - filled)}] "
-                    f"{self.done}/{self.total}"
-                )
-                if self.done >= self.total:
-                    self.stream.write("\n")
-                self.stream.flush()
+        self.done += 1
+        if not self.enabled:
+            return
+        filled = 30 * self.done // max(self.total, 1)
+        end = "\n" if self.done >= self.total else ""
+        sys.stderr.write(
+            f"\r  requests [{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}{end}"
+        )
+        sys.stderr.flush()
 
 
 def _run_workload(base_url: str, requests: int, concurrency: int, progress: _Progress) -> None:
@@ -118,7 +113,11 @@ def _run_workload(base_url: str, requests: int, concurrency: int, progress: _Pro
 
 
 def run(args: argparse.Namespace) -> int:
-    from spec_decode_otel.instrumentation import SpecDecodeInstrumentor
+    """Exit status 1 when no call got a record: then the demo showed nothing.
+
+    The extras are imported here, so that without them ``spec-decode-otel`` can name the
+    one to install.
+    """
     from spec_decode_otel.records import RecordsFileProcessor
     from spec_decode_otel.sdk_setup import setup
     from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer

@@ -1,14 +1,13 @@
 """Records from saved payloads, without any client: JSON bodies, chunk lists, SSE text.
 
-Used by ``spec-decode-otel parse`` and by anyone replaying logs or captures (core only:
-no SDK, no server, no extra needed). A response
-body gives one record; a list of stream chunks gives one record for the whole stream.
+For ``spec-decode-otel parse`` and anyone replaying logs or captures (core only: no SDK,
+no server, no extra). A response body gives one record; a list of stream chunks gives one
+record for the whole stream.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +19,9 @@ from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 #: Inputs larger than this are refused by :func:`parse_payloads` (64 MiB of text is
 #: far beyond any real response or stream capture).
 MAX_TEXT_BYTES = 64 * 1024 * 1024
+
+#: What an SSE capture's first line starts with (a JSON body or JSON lines never do).
+_SSE_FIELDS = ("data:", "event:", "id:", ":", "retry:")
 
 
 def record_from_json(
@@ -52,6 +54,15 @@ def record_from_json(
         return None
 
 
+def record_from_text(
+    text: str, request: Mapping[str, Any] | None = None
+) -> SpecDecodeAcceptanceRecord | None:
+    """Decode ``text`` (any form :func:`parse_payloads` reads) and detect its record
+    (``request`` as in :func:`record_from_json`)."""
+    payloads = parse_payloads(text)
+    return record_from_json(payloads[0] if len(payloads) == 1 else payloads, request)
+
+
 def parse_payloads(text: str) -> list[Any]:
     """Decode a JSON body, a JSON array of chunks, JSON lines, or raw SSE into payloads.
 
@@ -64,22 +75,20 @@ def parse_payloads(text: str) -> list[Any]:
     if not stripped:
         raise ValueError("empty input")
     try:
-        return _decode(stripped)
+        if stripped.startswith(_SSE_FIELDS):
+            return _parse_sse(stripped)
+        try:
+            whole = json.loads(stripped)
+        except json.JSONDecodeError:
+            return _parse_json_lines(stripped)
+        return whole if isinstance(whole, list) else [whole]
     except RecursionError:  # json raises it for deeply nested arrays/objects
         raise ValueError("JSON nested too deeply") from None
 
 
-def _decode(stripped: str) -> list[Any]:
-    if _looks_like_sse(stripped):
-        return _parse_sse(stripped)
-    try:
-        whole = json.loads(stripped)
-    except json.JSONDecodeError:
-        pass
-    else:
-        return whole if isinstance(whole, list) else [whole]
+def _parse_json_lines(text: str) -> list[Any]:
     payloads = []
-    for number, line in enumerate(stripped.splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
                 payloads.append(json.loads(line))
@@ -88,73 +97,25 @@ def _decode(stripped: str) -> list[Any]:
     return payloads
 
 
-def _looks_like_sse(text: str) -> bool:
-    first = text.lstrip().split("\n", 1)[0]
-    return first.startswith(("data:", "event:", "id:", ":", "retry:"))
-
-
 def _parse_sse(text: str) -> list[Any]:
-    payloads: list[Any] = []
+    """The JSON data of each event; an event's ``data:`` lines are joined, a blank line
+    ends it, and every other field (``event:``, ``id:``, comments) is ignored."""
+    events: list[str] = []
     data: list[str] = []
-
-    def flush() -> None:
-        if not data:
-            return
-        joined = "\n".join(data)
-        data.clear()
-        if joined.strip() == "[DONE]":
-            return
+    for line in [*text.splitlines(), ""]:  # splitlines also ends lines at \r\n and \r
+        if line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+        elif not line and data:
+            events.append("\n".join(data))
+            data = []
+    payloads = []
+    for event in events:
+        if event.strip() == "[DONE]":
+            continue
         try:
-            payloads.append(json.loads(joined))
+            payloads.append(json.loads(event))
         except (ValueError, RecursionError):  # not JSON, an int past the digit limit, too deep
             logger.debug("skipping an SSE event whose data is not JSON")
-
-    for raw in text.splitlines():
-        line = raw.rstrip("\r")
-        if not line:
-            flush()
-        elif line.startswith("data:"):
-            value = line[5:]
-            data.append(value[1:] if value.startswith(" ") else value)
-    flush()
     if not payloads:
         raise ValueError("no JSON data events in SSE input")
     return payloads
-
-
-def record_from_text(
-    text: str, request: Mapping[str, Any] | None = None
-) -> SpecDecodeAcceptanceRecord | None:
-    """Decode ``text`` (any form :func:`parse_payloads` reads) and detect its record
-    (``request`` as in :func:`record_from_json`)."""
-    payloads = parse_payloads(text)
-    return record_from_json(payloads[0] if len(payloads) == 1 else payloads, request)
-
-
-def _read(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    with open(path, encoding="utf-8") as handle:
-        return handle.read()
-
-
-def run_parse_command(path: str, request_path: str | None = None) -> int:
-    """``spec-decode-otel parse FILE|- [--request FILE]``: print the record as JSON (or
-    ``null``). ``--request`` names the JSON request body the capture answers."""
-    request = None
-    if request_path is not None:
-        try:
-            request = json.loads(_read(request_path))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            print(f"spec-decode-otel parse: cannot read {request_path}: {exc}", file=sys.stderr)
-            return 2
-        if not isinstance(request, Mapping):
-            print(f"spec-decode-otel parse: {request_path} is not a JSON object", file=sys.stderr)
-            return 2
-    try:
-        record = record_from_text(_read(path), request)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        print(f"spec-decode-otel parse: cannot read {path}: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(record.model_dump(mode="json") if record is not None else None, indent=2))
-    return 0

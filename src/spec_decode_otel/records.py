@@ -23,8 +23,7 @@ import os
 import threading
 from typing import TextIO
 
-from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from spec_decode_otel._logging import rate_limited
 from spec_decode_otel.summary import row_for_span
@@ -42,9 +41,6 @@ class RecordsFileProcessor(SpanProcessor):
             self._file = target
             self._owned = False
         self._lock = threading.Lock()
-
-    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        pass
 
     def on_end(self, span: ReadableSpan) -> None:
         context = span.context

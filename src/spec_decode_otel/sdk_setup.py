@@ -18,7 +18,7 @@ import threading
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
@@ -27,8 +27,9 @@ from spec_decode_otel.instrumentation import SpecDecodeInstrumentor
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import MetricReader
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 _MISSING_EXTRA = (
     "spec_decode_otel.setup() needs the OpenTelemetry SDK and OTLP exporters: "
@@ -42,7 +43,7 @@ _MISSING_EXTRA = (
 SHUTDOWN_TIMEOUT_S = 5.0
 
 
-def _flush_and_stop(provider: Any) -> None:
+def _flush_and_stop(provider: TracerProvider | MeterProvider) -> None:
     # A dead or hung collector must not fail the application's exit.
     with contextlib.suppress(Exception):
         provider.force_flush(int(SHUTDOWN_TIMEOUT_S * 1000))
@@ -57,7 +58,7 @@ class Providers:
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
     exporting: bool
-    _stopped: bool = False
+    _stopped: bool = field(default=False, init=False, repr=False)
 
     def shutdown(self) -> None:
         """Flush and stop both providers (also registered with ``atexit``); idempotent.
@@ -90,23 +91,23 @@ class Providers:
             worker.join(max(0.0, deadline - time.monotonic()))
 
 
-def _protocol(signal: str) -> str:
-    return (
-        os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
-        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or "grpc"
-    ).strip()
-
-
-def _endpoint_configured(signal: str) -> bool:
-    return bool(
-        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+def _otlp_variable(signal: str, name: str) -> str:
+    """``OTEL_EXPORTER_OTLP_<SIGNAL>_<NAME>``, else ``OTEL_EXPORTER_OTLP_<NAME>``: the
+    precedence the OTLP exporters themselves apply ("" when neither is set)."""
+    return os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_{name}") or os.environ.get(
+        f"OTEL_EXPORTER_OTLP_{name}", ""
     )
 
 
-def _span_exporter() -> Any:  # imported on use: gRPC is heavy
-    if _protocol("TRACES") == "grpc":
+def _grpc(signal: str) -> bool:
+    """gRPC unless the protocol variable names another (OTLP's default transport)."""
+    return (_otlp_variable(signal, "PROTOCOL") or "grpc").strip() == "grpc"
+
+
+# The exporters are imported on use (gRPC is heavy) and read every other
+# OTEL_EXPORTER_OTLP_* variable (endpoint, headers, timeout, certificate) themselves.
+def _span_exporter() -> SpanExporter:
+    if _grpc("TRACES"):
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         return OTLPSpanExporter()
@@ -117,8 +118,8 @@ def _span_exporter() -> Any:  # imported on use: gRPC is heavy
     return HttpSpanExporter()
 
 
-def _metric_exporter() -> Any:
-    if _protocol("METRICS") == "grpc":
+def _metric_exporter() -> MetricExporter:
+    if _grpc("METRICS"):
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
         return OTLPMetricExporter()
@@ -167,6 +168,8 @@ def setup(
                 stacklevel=2,
             )
             return _built
+        # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, but lets
+        # the attributes passed to it win; the variable must win over the argument.
         attributes = {}
         if service_name and not os.environ.get("OTEL_SERVICE_NAME"):
             attributes[SERVICE_NAME] = service_name
@@ -178,10 +181,10 @@ def setup(
         for processor in span_processors:
             tracer_provider.add_span_processor(processor)
         readers = list(metric_readers)
-        if _endpoint_configured("TRACES"):
+        if _otlp_variable("TRACES", "ENDPOINT"):
             tracer_provider.add_span_processor(BatchSpanProcessor(_span_exporter()))
             exporting = True
-        if _endpoint_configured("METRICS"):
+        if _otlp_variable("METRICS", "ENDPOINT"):
             readers.append(PeriodicExportingMetricReader(_metric_exporter()))
             exporting = True
         meter_provider = MeterProvider(

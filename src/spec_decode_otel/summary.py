@@ -1,4 +1,5 @@
-"""The records file, and the terminal summary of one (``spec-decode-otel summarize``).
+"""The records file, and the per-model summary of one (what ``spec-decode-otel summarize``
+and ``spec-decode-otel demo`` print).
 
 The records file is JSON Lines: one object per instrumented call, whatever its outcome,
 written by :class:`spec_decode_otel.records.RecordsFileProcessor` (``demo --records-out``
@@ -20,14 +21,13 @@ uses it) or by anything else that follows this format:
     the :class:`~spec_decode_otel.SpecDecodeAcceptanceRecord` as JSON
     (``record.model_dump(mode="json")``: the histogram's keys are strings), or null
 
-This module needs only the core: summarizing a file needs no OpenTelemetry SDK.
+Both directions of the format live here, so a row written is a row read. This module needs
+only the core: summarizing a file needs no OpenTelemetry SDK.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -71,11 +71,11 @@ def row_for_span(
 
 
 def _record_from_attributes(attributes: Mapping[str, Any]) -> SpecDecodeAcceptanceRecord | None:
+    """The record :func:`spec_decode_otel.telemetry.record_attributes` put on the span, or
+    None. Validated again, so a row never holds a record that would not read back."""
     if names.SD_ENGINE not in attributes:
         return None
     dense = attributes.get(names.SD_ACCEPTANCE_HISTOGRAM)
-    per_step_accepted = attributes.get(names.SD_PER_STEP_ACCEPTED)
-    per_step_drafted = attributes.get(names.SD_PER_STEP_DRAFTED)
     try:
         return SpecDecodeAcceptanceRecord(
             engine=attributes[names.SD_ENGINE],
@@ -88,8 +88,9 @@ def _record_from_attributes(attributes: Mapping[str, Any]) -> SpecDecodeAcceptan
             num_spec_steps=attributes.get(names.SD_NUM_SPEC_STEPS),
             num_spec_tokens=attributes.get(names.SD_NUM_SPEC_TOKENS),
             completion_tokens=attributes.get(names.GEN_AI_USAGE_OUTPUT_TOKENS),
-            per_step_accepted=None if per_step_accepted is None else list(per_step_accepted),
-            per_step_drafted=None if per_step_drafted is None else list(per_step_drafted),
+            # The SDK keeps array attributes as tuples; the record takes any sequence.
+            per_step_accepted=attributes.get(names.SD_PER_STEP_ACCEPTED),
+            per_step_drafted=attributes.get(names.SD_PER_STEP_DRAFTED),
         )
     except ValidationError:
         return None
@@ -116,7 +117,9 @@ def read_rows(lines: Iterable[str]) -> tuple[list[Row], list[str]]:
             continue
         try:
             rows.append(_row(json.loads(line)))
-        except (ValueError, RecursionError, ValidationError) as exc:
+        # json's errors and pydantic's ValidationError are ValueErrors; RecursionError is
+        # json's answer to a deeply nested line.
+        except (ValueError, RecursionError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             problems.append(f"line {number}: {reason}")
     return rows, problems
@@ -210,12 +213,10 @@ class EngineSummary:
     def acceptance_at_position(self) -> dict[int, float]:
         """Share of verify steps that accepted draft position p (0-based)."""
         steps = sum(self.histogram.values())
-        if not steps:
-            return {}
-        out = {}
-        for p in range(max(self.histogram)):
-            out[p] = sum(c for j, c in self.histogram.items() if j > p) / steps
-        return out
+        return {
+            p: sum(c for j, c in self.histogram.items() if j > p) / steps
+            for p in range(max(self.histogram, default=0))
+        }
 
 
 @dataclass
@@ -232,7 +233,7 @@ class ModelSummary:
 
 
 def summarize(rows: Iterable[Row]) -> list[ModelSummary]:
-    """Per model (sorted by name; calls without one last), per engine."""
+    """Per model (sorted by name; calls without one last), per engine (sorted by name)."""
     models: dict[str | None, ModelSummary] = {}
     for row in rows:
         summary = models.setdefault(row.model, ModelSummary(row.model))
@@ -240,6 +241,8 @@ def summarize(rows: Iterable[Row]) -> list[ModelSummary]:
         if row.record is not None:
             engine = row.record.engine
             summary.engines.setdefault(engine, EngineSummary(engine)).add(row.record)
+    for summary in models.values():
+        summary.engines = dict(sorted(summary.engines.items()))
     return sorted(models.values(), key=lambda m: (m.model is None, m.model or ""))
 
 
@@ -269,7 +272,7 @@ def to_json(summaries: Sequence[ModelSummary]) -> dict[str, Any]:
                             str(p): v for p, v in e.acceptance_at_position().items()
                         },
                     }
-                    for e in sorted(m.engines.values(), key=lambda e: e.engine)
+                    for e in m.engines.values()
                 ],
             }
             for m in summaries
@@ -289,18 +292,20 @@ def render(summaries: Sequence[ModelSummary], source: str) -> str:
         lines += ["no calls", ""]
     for m in summaries:
         model = m.model or "?"
-        for e in sorted(m.engines.values(), key=lambda e: e.engine):
+        for e in m.engines.values():
             k = ",".join(str(k) for k in sorted(e.num_spec_tokens)) or "?"
+            positions = e.acceptance_at_position().items()
+            shown = "  ".join(f"p{p}={v:.2f}" for p, v in positions) or "n/a"
+            figures = {
+                "requests": str(e.requests),
+                "mean acceptance length (per req)": _figure(e.mean_acceptance_length),
+                "token-weighted acceptance length": _figure(e.token_weighted_acceptance_length),
+                "draft acceptance rate": _figure(e.draft_acceptance_rate),
+                "accepted per verified": _figure(e.accepted_per_verified),
+                "per-position acceptance": shown,
+            }
             lines.append(f"model {model}   engine {e.engine}   k={k}")
-            lines.append(f"  requests                          {e.requests}")
-            lines.append(f"  mean acceptance length (per req)  {_figure(e.mean_acceptance_length)}")
-            weighted = _figure(e.token_weighted_acceptance_length)
-            lines.append(f"  token-weighted acceptance length  {weighted}")
-            lines.append(f"  draft acceptance rate             {_figure(e.draft_acceptance_rate)}")
-            lines.append(f"  accepted per verified             {_figure(e.accepted_per_verified)}")
-            positions = e.acceptance_at_position()
-            shown = "  ".join(f"p{p}={v:.2f}" for p, v in positions.items()) or "n/a"
-            lines.append(f"  per-position acceptance           {shown}")
+            lines += [f"  {label:<34}{value}" for label, value in figures.items()]
             if e.histogram:
                 lines.append("  steps by drafts accepted:")
                 top = max(e.histogram.values())
@@ -316,34 +321,3 @@ def render(summaries: Sequence[ModelSummary], source: str) -> str:
         lines.append(f"calls to {model}: {m.calls}   {breakdown}")
         lines.append("")
     return "\n".join(lines)
-
-
-# -- the command ----------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="a records file (JSON lines), or - for standard input")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-
-
-def run(args: argparse.Namespace) -> int:
-    """``spec-decode-otel summarize FILE|- [--json]``. Exit status 2 when the file cannot
-    be read; lines that are not records are reported on stderr and left out."""
-    try:
-        if args.file == "-":
-            text = sys.stdin.read()
-        else:
-            with open(args.file, encoding="utf-8") as handle:
-                text = handle.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        print(f"spec-decode-otel summarize: cannot read {args.file}: {exc}", file=sys.stderr)
-        return 2
-    rows, problems = read_rows(text.splitlines())
-    for problem in problems:
-        print(f"spec-decode-otel summarize: {args.file}: {problem}", file=sys.stderr)
-    summaries = summarize(rows)
-    if args.json:
-        print(json.dumps({**to_json(summaries), "skipped_lines": len(problems)}, indent=2))
-    else:
-        print(render(summaries, "standard input" if args.file == "-" else args.file))
-    return 0

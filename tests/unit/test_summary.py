@@ -17,30 +17,28 @@ from spec_decode_otel.cli import main as cli_main
 from spec_decode_otel.summary import read_rows, render, row_for_span, summarize, to_json
 from spec_decode_otel.telemetry import record_attributes
 
-#: k=4: 2 steps accepting 0 and 2 drafts; 4 steps accepting 1, 1, 4, 4.
-VLLM_A = SpecDecodeAcceptanceRecord(
-    engine="vllm",
-    mean_acceptance_length=2.0,
-    draft_acceptance_rate=0.25,
-    acceptance_histogram={0: 1, 2: 1},
-    num_accepted_draft_tokens=2,
-    num_draft_tokens=8,
-    num_spec_steps=2,
-    num_spec_tokens=4,
-    completion_tokens=5,
-    per_step_accepted=[0, 2],
-    per_step_drafted=[4, 4],
-)
-VLLM_B = SpecDecodeAcceptanceRecord(
-    engine="vllm",
-    mean_acceptance_length=3.5,
-    draft_acceptance_rate=0.625,
-    acceptance_histogram={1: 2, 4: 2},
-    num_accepted_draft_tokens=10,
-    num_draft_tokens=16,
-    num_spec_steps=4,
-    num_spec_tokens=4,
-)
+
+def vllm(histogram: dict[int, int], **extra: Any) -> SpecDecodeAcceptanceRecord:
+    """A full vLLM record with k=4 (every step drafts 4), its figures from ``histogram``."""
+    steps = sum(histogram.values())
+    accepted = sum(j * count for j, count in histogram.items())
+    return SpecDecodeAcceptanceRecord(
+        engine="vllm",
+        mean_acceptance_length=1 + accepted / steps,
+        draft_acceptance_rate=accepted / (4 * steps),
+        acceptance_histogram=histogram,
+        num_accepted_draft_tokens=accepted,
+        num_draft_tokens=4 * steps,
+        num_spec_steps=steps,
+        num_spec_tokens=4,
+        **extra,
+    )
+
+
+#: 2 steps accepting 0 and 2 drafts (2 of 8, mean 2.0); 4 steps accepting 1, 1, 4, 4
+#: (10 of 16, mean 3.5).
+VLLM_A = vllm({0: 1, 2: 1}, completion_tokens=5, per_step_accepted=[0, 2], per_step_drafted=[4, 4])
+VLLM_B = vllm({1: 2, 4: 2})
 #: llama.cpp: counts and rate, no steps, no histogram.
 LLAMACPP = SpecDecodeAcceptanceRecord(
     engine="llamacpp", draft_acceptance_rate=0.3, num_accepted_draft_tokens=3, num_draft_tokens=10

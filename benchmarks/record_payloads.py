@@ -1,23 +1,15 @@
 """Record the response bodies ``overhead.py`` replays, from the project's own simulator.
 
-Run from the repository root::
-
     python benchmarks/record_payloads.py
 
-It starts the simulator (vLLM merged shape, level ``detailed``, k=4) on a loopback port
-and records, byte for byte, what it answers to two chat requests:
-
-- ``benchmarks/data/chat_nonstream.json``: one non-streaming chat completion;
-- ``benchmarks/data/chat_stream.sse``: one streaming chat completion with exactly
-  ``STREAM_CONTENT_CHUNKS`` content chunks (the simulator sends one per verify step), plus
-  the role chunk, the finish_reason chunk and the usage chunk that carries the stats
-  (``stream_options.include_usage``), then ``[DONE]``;
-- ``benchmarks/data/chat_stream_short.sse``: the same request cut short, with
-  ``STREAM_SHORT_CONTENT_CHUNKS`` content chunks: the long and the short stream differ
-  only in their number of chunks, so their cost difference is the per-chunk cost;
-- ``benchmarks/data/manifest.json``: how they were made, and their chunk counts.
-
-The seed is fixed per request (``x-sim-seed``), so re-recording reproduces the files.
+The simulator (vLLM merged shape, level ``detailed``, k=4, a fixed seed per request, so
+re-recording reproduces the files) answers on a loopback port; written byte for byte to
+``benchmarks/data/``: ``chat_nonstream.json``, a non-streaming chat completion;
+``chat_stream.sse``, a stream with ``STREAM_CONTENT_CHUNKS`` content chunks (one per
+verify step) plus the role, finish_reason and usage chunks (the last carries the stats),
+then ``[DONE]``; ``chat_stream_short.sse``, the same cut to
+``STREAM_SHORT_CONTENT_CHUNKS`` (the two differ only in their number of chunks); and
+``manifest.json``, how they were made and their chunk counts.
 """
 
 from __future__ import annotations
@@ -136,13 +128,7 @@ def record(out: Path) -> dict[str, Any]:
         short_meta = _record_stream(base, out, "chat_stream_short.sse", STREAM_SHORT_CONTENT_CHUNKS)
     manifest = {
         "recorded_with": "benchmarks/record_payloads.py",
-        "simulator": {
-            "engine": "vllm",
-            "level": "detailed",
-            "k": K,
-            "alpha": ALPHA,
-            "seed": SEED,
-        },
+        "simulator": {"engine": "vllm", "level": "detailed", "k": K, "alpha": ALPHA, "seed": SEED},
         "model": MODEL,
         "nonstream": nonstream_meta,
         "stream": stream_meta,

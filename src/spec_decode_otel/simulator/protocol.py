@@ -1,0 +1,132 @@
+"""What clients send the simulator, and the error bodies it answers with when it refuses.
+
+Request bodies are validated as OpenAI-compatible servers do: the fields every server
+reads are typed, anything else is kept, not refused. Each body knows its prompts and its
+token limit, so the app plans every route the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JSON = dict[str, Any]
+Kind = Literal["chat", "completion", "responses"]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool | None = False
+
+
+class OpenAIRequest(BaseModel):
+    """Fields every OpenAI-compatible server reads; unknown ones are kept, not refused."""
+
+    KIND: ClassVar[Kind]
+    model_config = ConfigDict(extra="allow")
+    model: str
+    n: int = Field(1, ge=1, le=128)
+    max_tokens: int | None = Field(None, ge=1)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    # SGLang request extensions
+    return_spec_tokens_details: bool | None = False
+    return_meta_info: bool | None = False
+
+    @property
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def prompts(self) -> list[object]:
+        """One entry per prompt; each prompt gets ``n`` sequences."""
+        raise NotImplementedError
+
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+
+class ChatCompletionRequest(OpenAIRequest):
+    KIND = "chat"
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def prompts(self) -> list[object]:
+        return [self.messages]
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(OpenAIRequest):
+    KIND = "completion"
+    prompt: str | list[str] | list[int] | list[list[int]]
+
+    def prompts(self) -> list[object]:
+        p = self.prompt
+        several = isinstance(p, list) and len(p) > 0 and not isinstance(p[0], int)
+        return list(p) if several else [p]
+
+
+class ResponsesRequest(OpenAIRequest):
+    KIND = "responses"
+    input: str | list[dict[str, Any]]
+    max_output_tokens: int | None = Field(None, ge=1)
+
+    def prompts(self) -> list[object]:
+        return [self.input]
+
+    def token_limit(self) -> int | None:
+        return self.max_output_tokens
+
+
+def error_body(message: str, type_: str, code: str | int | None, param: str | None = None) -> JSON:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+class SimulatorError(Exception):
+    """A refusal: HTTP status and JSON body."""
+
+    def __init__(self, status: int, body: JSON) -> None:
+        super().__init__(status, body)
+        self.status, self.body = status, body
+
+    @classmethod
+    def invalid(cls, message: str) -> SimulatorError:
+        """OpenAI's 400, for what the simulator itself refuses."""
+        return cls(400, error_body(message, "invalid_request_error", None))
+
+    @classmethod
+    def sglang_bad_request(cls, message: str) -> SimulatorError:
+        """SGLang 0.5.23's 400 (``OpenAIServingBase.handle_request`` in
+        ``srt/entrypoints/openai/serving_base.py``, for a ValueError raised while the request
+        is converted): its ``ErrorResponse`` at the body's root, not under ``"error"``.
+        (SGLang's unreleased main nests the same object under ``"error"``.)"""
+        return cls(
+            400,
+            {
+                "object": "error",
+                "message": message,
+                "type": "BadRequest",
+                "param": None,
+                "code": 400,
+            },
+        )
+
+
+#: SGLang 0.5.23 refuses a streamed chat request that asks for ``return_meta_info``
+#: (``OpenAIServingChat._convert_to_internal_request`` in ``serving_chat.py``): per-choice
+#: ``meta_info`` exists in non-streamed chat answers only. Its ``CompletionRequest``
+#: (``protocol.py``) has no such field, so completions drop it, streamed or not.
+SGLANG_STREAM_META_INFO = (
+    "return_meta_info is not supported with streaming. "
+    "Please set stream=false when using return_meta_info=true."
+)

@@ -1,0 +1,288 @@
+"""One request's plan, rendered as the chosen engine sends it: a JSON body or stream chunks.
+
+A :class:`RequestPlan` holds everything decided before a byte is sent (the sampled
+sequences in ``plan.py``, the engine shape, the faults). Its methods cut every engine's
+payload from those sequences (``shapes.py``), corrupt it as the faults say (``faults.py``)
+and place it where that engine puts it: chat and legacy completions as a body or chunks,
+the Responses API as a ``Response`` or its events.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from spec_decode_otel.simulator import faults as F
+from spec_decode_otel.simulator import shapes
+from spec_decode_otel.simulator.acceptance import AcceptanceProfile
+from spec_decode_otel.simulator.plan import ChoicePlan
+from spec_decode_otel.simulator.protocol import JSON, Kind
+
+#: Engines answering with SGLang's field family (``sglext``, ``meta_info``).
+SGLANG_FAMILY = frozenset({"sglang", "sglang-no-histogram", "tokenspeed"})
+#: Engines answering with llama.cpp's root ``timings``.
+TIMINGS_FAMILY = frozenset({"llamacpp", "mlx-vlm"})
+#: Engines sending ``avg_decoded_tokens_per_iter`` on every choice.
+TRTLLM_FAMILY = frozenset({"trtllm", "trtllm-released"})
+
+
+@dataclass
+class RequestPlan:
+    """Everything needed to render one response, decided before anything is sent."""
+
+    kind: Kind
+    engine: str
+    level: str
+    profile: AcceptanceProfile
+    model: str
+    request_id: str
+    created: int
+    prompt_tokens: int
+    choices: list[ChoicePlan]
+    include_usage: bool
+    sglang_details: bool
+    sglang_meta: bool
+    faults: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def single(self) -> bool:
+        return len(self.choices) == 1
+
+    def usage(self) -> JSON:
+        completion = sum(c.completion_tokens for c in self.choices)
+        usage: JSON = {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+        if self.engine == "smg" and self.single:
+            details = shapes.smg_completion_tokens_details(self.choices[0].generation)
+            usage["completion_tokens_details"] = details
+        return usage
+
+    # --- engine payloads (fresh objects each call, so faults never leak between uses) --
+
+    def vllm_metrics(self) -> JSON | None:
+        """Root ``metrics`` for the merged vLLM shape; no spec key at level none. For
+        n > 1 (or several prompts) vLLM 0.33.0 nulls the whole object."""
+        if self.engine != "vllm" or not self.single:
+            return None
+        gen = self.choices[0].generation
+        out = shapes.vllm_timing_metrics(gen, self.prompt_tokens)
+        if self.level != "none":
+            stats = shapes.vllm_merged(gen, self.profile, self.level)
+            F.corrupt_stats(stats, "vllm", self.faults)
+            out["speculative_decoding"] = stats
+        return out
+
+    def sglext(self) -> JSON | None:
+        if not self.sglang_details or self.engine not in ("sglang", "sglang-no-histogram"):
+            return None
+        details = []
+        for c in self.choices:
+            d = shapes.sglang_details(c.generation, self.profile, histogram=self.engine == "sglang")
+            F.corrupt_stats(d, "sglang", self.faults)
+            details.append(d)
+        return {"spec_tokens_details": details[0] if self.single else details}
+
+    def llamacpp_timings(self) -> JSON:
+        timings = shapes.llamacpp_timings(
+            self.choices[0].generation, self.prompt_tokens, mlx_vlm=self.engine == "mlx-vlm"
+        )
+        F.corrupt_llamacpp(timings, self.faults)
+        return timings
+
+    def trtllm_average(self, choice: ChoicePlan, steps: int) -> JSON:
+        """TRT-LLM's ``avg_decoded_tokens_per_iter`` after ``steps`` verify steps: on every
+        choice it sends, streamed or not (empty for the other engines)."""
+        if self.engine not in TRTLLM_FAMILY:
+            return {}
+        accepted = sum(itertools.islice(choice.generation.per_step_accepted, steps))
+        avg = shapes.trtllm_avg_decoded(steps, accepted)
+        return {"avg_decoded_tokens_per_iter": F.corrupt_avg_decoded(avg, self.faults)}
+
+    def choice_stats(self, choice: ChoicePlan) -> JSON:
+        """The per-choice stats fields, on the choice of a body or of its finish chunk."""
+        gen = choice.generation
+        if self.engine == "vllm-premerge":
+            stats = None
+            if self.level != "none":
+                stats = shapes.vllm_premerge(gen, self.profile, self.level)
+                F.corrupt_stats(stats, "vllm-premerge", self.faults)
+            return {"speculative_decoding_stats": stats}
+        if self.engine == "trtllm" and self.level != "none":
+            stats = shapes.trtllm_stats(gen, self.profile)  # None: nothing was drafted
+            if stats is not None:
+                F.corrupt_stats(stats, "trtllm", self.faults)
+                return {"speculative_decoding": stats}
+        if self.engine in SGLANG_FAMILY and self.sglang_meta:
+            meta = shapes.sglang_meta_info(
+                gen,
+                self.profile,
+                self.request_id,
+                choice.finish_reason,
+                self.prompt_tokens,
+                self.engine,
+            )
+            F.corrupt_stats(meta, "sglang", self.faults)
+            return {"meta_info": meta}
+        return {}
+
+    # --- chat and legacy completions --------------------------------------------------
+
+    def _choice(
+        self, c: ChoicePlan, steps: int, key: str, content: object, finish: str | None
+    ) -> JSON:
+        choice = {"index": c.index, key: content, "logprobs": None, "finish_reason": finish}
+        return {**choice, **self.trtllm_average(c, steps)}
+
+    def response(self) -> JSON:
+        """The non-streamed body."""
+        choices = []
+        for c in self.choices:
+            steps = c.generation.num_spec_steps
+            if self.kind == "chat":
+                message = {"role": "assistant", "content": c.text}
+                choice = self._choice(c, steps, "message", message, c.finish_reason)
+            else:
+                choice = self._choice(c, steps, "text", c.text, c.finish_reason)
+            choices.append({**choice, **self.choice_stats(c)})
+        out: JSON = {
+            "id": self.request_id,
+            "object": "chat.completion" if self.kind == "chat" else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": self.usage(),
+            "system_fingerprint": None,
+        }
+        if self.engine == "vllm":
+            out["metrics"] = self.vllm_metrics()
+        elif self.engine in SGLANG_FAMILY:
+            ext = self.sglext()
+            if ext is not None:
+                out["sglext"] = ext
+        elif self.engine in TIMINGS_FAMILY:
+            out["timings"] = self.llamacpp_timings()
+        return out
+
+    def _chunk(self, *choices: JSON, **root: object) -> JSON:
+        return {
+            "id": self.request_id,
+            "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": list(choices),
+            **root,
+        }
+
+    def _delta(self, c: ChoicePlan, step: int, delta: JSON, finish: str | None = None) -> JSON:
+        """A stream choice once ``step`` verify steps are done (completions: the text)."""
+        if self.kind == "chat":
+            return self._choice(c, step, "delta", delta, finish)
+        return self._choice(c, step, "text", delta.get("content", ""), finish)
+
+    def chunks(self) -> Iterator[JSON]:
+        """The stream, chunk by chunk: role, one content chunk per verify step (choices
+        interleaved), one finish_reason chunk per choice, engine tails, usage."""
+        if self.kind == "chat":
+            for c in self.choices:
+                yield self._chunk(self._delta(c, 0, {"role": "assistant", "content": ""}))
+        longest = max(len(c.pieces) for c in self.choices)
+        for step in range(longest):
+            for c in self.choices:
+                if step < len(c.pieces) and c.pieces[step]:
+                    yield self._chunk(self._delta(c, step, {"content": c.pieces[step]}))
+
+        for c in self.choices:
+            last = self._delta(c, c.generation.num_spec_steps, {}, c.finish_reason)
+            chunk = self._chunk({**last, **self.choice_stats(c)})
+            if self.engine == "llamacpp" and not self.include_usage and c is self.choices[-1]:
+                chunk["timings"] = self.llamacpp_timings()
+            yield chunk
+
+        ext = self.sglext()
+        if ext is not None:
+            yield self._chunk(sglext=ext)
+
+        if self.include_usage:
+            chunk = self._chunk(usage=self.usage())
+            metrics = self.vllm_metrics()
+            if metrics is not None:  # the usage chunk is dumped with exclude_none
+                chunk["metrics"] = metrics
+            elif self.engine in TIMINGS_FAMILY:
+                # (mlx-vlm sends its draft counters on this chunk only)
+                chunk["timings"] = self.llamacpp_timings()
+            yield chunk
+
+    # --- the Responses API ------------------------------------------------------------
+
+    def _output_item(self, text: str, status: str) -> JSON:
+        return {
+            "id": "msg_" + self.request_id.removeprefix("resp_"),
+            "type": "message",
+            "role": "assistant",
+            "status": status,
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+
+    def responses_body(self, status: str = "completed") -> JSON:
+        """A Responses API ``Response``. vLLM 0.33.0 adds root ``metrics`` with timing
+        fields only (``build_per_request_timing_metrics``: no spec-decode object);
+        llama.cpp (b11312) adds nothing to a non-streamed one."""
+        c = self.choices[0]
+        usage = self.usage()
+        out: JSON = {
+            "id": self.request_id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "model": self.model,
+            "output": [self._output_item(c.text, status)],
+            "usage": {
+                "input_tokens": usage["prompt_tokens"],
+                "output_tokens": usage["completion_tokens"],
+                "total_tokens": usage["total_tokens"],
+            },
+        }
+        if self.engine == "vllm":
+            out["metrics"] = {
+                **shapes.vllm_timing_metrics(c.generation, self.prompt_tokens),
+                "speculative_decoding": None,
+            }
+        return out
+
+    def responses_events(self) -> Iterator[JSON]:
+        """A Responses API stream: created, in progress, one text delta per verify step,
+        the done events, then ``response.completed`` with the whole response. llama.cpp
+        (b11312, PR ggml-org/llama.cpp#25348) puts root ``timings`` on that last event,
+        beside ``response``, and numbers no event; vLLM numbers them all."""
+        c = self.choices[0]
+        pending = self._output_item("", "in_progress")
+        done = self._output_item(c.text, "completed")
+        at = {"item_id": pending["id"], "output_index": 0, "content_index": 0}
+        started = {**self.responses_body("in_progress"), "output": []}
+        started.pop("usage")
+        completed: JSON = {"type": "response.completed", "response": self.responses_body()}
+        if self.engine in TIMINGS_FAMILY:
+            completed["timings"] = self.llamacpp_timings()
+        events: list[JSON] = [
+            {"type": "response.created", "response": started},
+            {"type": "response.in_progress", "response": started},
+            {
+                "type": "response.output_item.added",
+                "output_index": 0,
+                "item": {**pending, "content": []},
+            },
+            {"type": "response.content_part.added", **at, "part": pending["content"][0]},
+            *({"type": "response.output_text.delta", **at, "delta": p} for p in c.pieces if p),
+            {"type": "response.output_text.done", **at, "text": c.text},
+            {"type": "response.content_part.done", **at, "part": done["content"][0]},
+            {"type": "response.output_item.done", "output_index": 0, "item": done},
+            completed,
+        ]
+        for number, event in enumerate(events):
+            if self.engine not in TIMINGS_FAMILY:
+                event["sequence_number"] = number
+            yield event

@@ -29,6 +29,7 @@ from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metr
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from reliability_helpers import Otel, canary_messages, instrumented, json_response, mock_client
 
+from openai_sdk import chat_completion
 from spec_decode_otel import SpecDecodeAcceptanceRecord, instrument_client, record_from_json
 from spec_decode_otel.instrumentation.genai_metrics import (
     M_TOKEN_USAGE,
@@ -51,24 +52,10 @@ INT64_MAX = 2**63 - 1
 
 def vllm_body(steps: int, drafted: int, *, prompt_tokens: int = 5, completion: int = 3) -> dict:
     """A self-consistent merged-vLLM response where every step accepted nothing (k = 0)."""
-    return {
-        "id": "resp-1",
-        "object": "chat.completion",
-        "created": 1,
-        "model": "m",
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": "ok"},
-                "finish_reason": "stop",
-            }
-        ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": 8,
-        },
-        "metrics": {
+    return chat_completion(
+        id="resp-1",
+        usage={"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": 8},
+        metrics={
             "speculative_decoding": {
                 "mean_acceptance_length": 1.0,
                 "draft_acceptance_rate": 0.0,
@@ -79,7 +66,7 @@ def vllm_body(steps: int, drafted: int, *, prompt_tokens: int = 5, completion: i
                 "num_spec_tokens": 0,
             }
         },
-    }
+    )
 
 
 def test_the_record_bound_is_int64() -> None:
@@ -157,9 +144,7 @@ def hostile_payload(draw: Callable[[Any], Any]) -> tuple[str, dict[str, Any], bo
     the whole int64 range; ``valid`` when every one is within record.py's bounds."""
     shape = draw(st.sampled_from(("vllm-premerge", "vllm-merged", "llamacpp")))
     usage = {"prompt_tokens": draw(counts), "completion_tokens": draw(counts), "total_tokens": 1}
-    body: dict[str, Any] = {"id": "x", "object": "chat.completion", "created": 1, "model": "m"}
-    choice = {"index": 0, "message": {"role": "assistant", "content": "ok"}}
-    body |= {"choices": [choice | {"finish_reason": "stop"}], "usage": usage}
+    body = chat_completion(usage=usage)
     extra = draw(counts)
     if shape == "llamacpp":
         accepted = draw(counts)

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from openai._models import construct_type
 from openai.types.chat import ChatCompletion
-from openai.types.responses import Response, ResponseStreamEvent
 
+from openai_sdk import chat_completion
 from spec_decode_otel import Outcome, record_from_json, record_from_text
 from spec_decode_otel.adapters import (
     LlamaCppAdapter,
@@ -29,32 +29,32 @@ from spec_decode_otel.cli import main as cli_main
 from spec_decode_otel.telemetry import SD_DRAFT_METHOD, SD_ENGINE, record_attributes
 
 
-def chat(*, usage: dict[str, Any] | None = None, choice: dict[str, Any] | None = None, **root):
-    body: dict[str, Any] = {
-        "id": "x",
-        "object": "chat.completion",
-        "created": 1,
-        "model": "m",
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": "ok"},
-                "finish_reason": "stop",
-                **(choice or {}),
-            }
-        ],
-        **root,
+def sglext(*, verify_ct: Any, correct: Any, proposed: Any, histogram: Any) -> dict[str, Any]:
+    """A chat completion with SGLang's ``sglext.spec_tokens_details``: ``spec_verify_ct``,
+    ``spec_num_correct_drafts``, ``spec_num_proposed_drafts`` and
+    ``spec_correct_drafts_histogram``."""
+    details = {
+        "spec_verify_ct": verify_ct,
+        "spec_num_correct_drafts": correct,
+        "spec_num_proposed_drafts": proposed,
+        "spec_correct_drafts_histogram": histogram,
     }
-    if usage is not None:
-        body["usage"] = usage
-    return body
-
-
-def sglext(**details) -> dict[str, Any]:
-    return chat(
+    return chat_completion(
         usage={"prompt_tokens": 3, "completion_tokens": 23, "total_tokens": 26},
         sglext={"spec_tokens_details": details},
     )
+
+
+#: vLLM's speculative_decoding object, consistent: k = 1, 10 steps, 5 of 20 drafts accepted.
+VLLM_STATS = {
+    "mean_acceptance_length": 1.5,
+    "draft_acceptance_rate": 0.25,
+    "acceptance_histogram": [5, 5],
+    "num_spec_steps": 10,
+    "num_accepted_draft_tokens": 5,
+    "num_draft_tokens": 20,
+    "num_spec_tokens": 1,
+}
 
 
 # ================================================================ SGLang: draft length
@@ -64,14 +64,7 @@ def test_sglang_k_comes_from_proposed_over_steps_not_the_lazy_histogram_length()
     """SGLang 0.5.23 schedule_batch.py grows the histogram only to the largest acceptance
     seen; tokenizer_manager.py sets proposed = verify_ct x (draft tokens - 1). The
     issue's example: k = 4, 10 steps, histogram [2, 4, 4], 40 proposed."""
-    record = record_from_json(
-        sglext(
-            spec_verify_ct=10,
-            spec_num_correct_drafts=12,
-            spec_num_proposed_drafts=40,
-            spec_correct_drafts_histogram=[2, 4, 4],
-        )
-    )
+    record = record_from_json(sglext(verify_ct=10, correct=12, proposed=40, histogram=[2, 4, 4]))
     assert record is not None
     assert record.num_spec_tokens == 4
     assert record.acceptance_histogram == {0: 2, 1: 4, 2: 4}
@@ -81,14 +74,7 @@ def test_sglang_k_comes_from_proposed_over_steps_not_the_lazy_histogram_length()
 
 
 def test_sglang_k_is_unknown_when_proposed_does_not_divide_by_steps():
-    record = record_from_json(
-        sglext(
-            spec_verify_ct=10,
-            spec_num_correct_drafts=12,
-            spec_num_proposed_drafts=41,
-            spec_correct_drafts_histogram=[2, 4, 4],
-        )
-    )
+    record = record_from_json(sglext(verify_ct=10, correct=12, proposed=41, histogram=[2, 4, 4]))
     assert record is not None
     assert record.num_spec_tokens is None
     assert record.num_draft_tokens == 41
@@ -97,13 +83,9 @@ def test_sglang_k_is_unknown_when_proposed_does_not_divide_by_steps():
 def test_sglang_eagle_tree_quotient_is_an_upper_bound_not_a_contradiction():
     """With EAGLE top-k > 1 the quotient is the tree size minus one (wire-formats.md):
     larger than any step's acceptance, which is fine."""
+    # proposed: 4 steps x a 7-node tree past the root
     record = record_from_json(
-        sglext(
-            spec_verify_ct=4,
-            spec_num_correct_drafts=6,
-            spec_num_proposed_drafts=4 * 7,  # a 7-node tree past the root
-            spec_correct_drafts_histogram=[1, 1, 1, 1],
-        )
+        sglext(verify_ct=4, correct=6, proposed=4 * 7, histogram=[1, 1, 1, 1])
     )
     assert record is not None
     assert record.num_spec_tokens == 7
@@ -111,36 +93,19 @@ def test_sglang_eagle_tree_quotient_is_an_upper_bound_not_a_contradiction():
 
 
 def test_sglang_histogram_longer_than_k_plus_one_contradicts_k():
-    details = {
-        "spec_verify_ct": 10,
-        "spec_num_correct_drafts": 12,
-        "spec_num_proposed_drafts": 20,  # k = 2
-        "spec_correct_drafts_histogram": [2, 4, 4, 0],
-    }
-    detection = detect_outcome([ParsedResponse.from_dict(sglext(**details))])
+    payload = sglext(verify_ct=10, correct=12, proposed=20, histogram=[2, 4, 4, 0])  # k = 2
+    detection = detect_outcome([ParsedResponse.from_dict(payload)])
     assert detection.outcome is Outcome.INVALID
     assert detection.record is None
 
 
 def test_sglang_bucket_above_k_contradicts_k():
-    details = {
-        "spec_verify_ct": 10,
-        "spec_num_correct_drafts": 13,
-        "spec_num_proposed_drafts": 20,  # k = 2
-        "spec_correct_drafts_histogram": [2, 4, 3, 1],
-    }
-    assert record_from_json(sglext(**details)) is None
+    payload = sglext(verify_ct=10, correct=13, proposed=20, histogram=[2, 4, 3, 1])  # k = 2
+    assert record_from_json(payload) is None
 
 
 def test_sglang_quotient_beyond_the_k_bound_leaves_k_unknown():
-    record = record_from_json(
-        sglext(
-            spec_verify_ct=1,
-            spec_num_correct_drafts=1,
-            spec_num_proposed_drafts=10**6,
-            spec_correct_drafts_histogram=[0, 1],
-        )
-    )
+    record = record_from_json(sglext(verify_ct=1, correct=1, proposed=10**6, histogram=[0, 1]))
     assert record is not None
     assert record.num_spec_tokens is None
 
@@ -150,13 +115,8 @@ def test_sglang_quotient_beyond_the_k_bound_leaves_k_unknown():
 
 def test_sglang_empty_histogram_with_steps_is_no_histogram_and_a_partial_record():
     """SGLang fills a missing histogram with [] (PR sgl-project/sglang#33518)."""
-    details = {
-        "spec_verify_ct": 12,
-        "spec_num_correct_drafts": 9,
-        "spec_num_proposed_drafts": 36,
-        "spec_correct_drafts_histogram": [],
-    }
-    detection = detect_outcome([ParsedResponse.from_dict(sglext(**details))])
+    payload = sglext(verify_ct=12, correct=9, proposed=36, histogram=[])
+    detection = detect_outcome([ParsedResponse.from_dict(payload)])
     assert detection.outcome is Outcome.PARTIAL
     record = detection.record
     assert record is not None
@@ -170,14 +130,7 @@ def test_sglang_empty_histogram_with_steps_is_no_histogram_and_a_partial_record(
 
 def test_sglang_empty_histogram_with_no_step_is_an_exact_empty_histogram():
     """A one-token reply: no verify step, the lazily grown histogram stays []."""
-    record = record_from_json(
-        sglext(
-            spec_verify_ct=0,
-            spec_num_correct_drafts=0,
-            spec_num_proposed_drafts=0,
-            spec_correct_drafts_histogram=[],
-        )
-    )
+    record = record_from_json(sglext(verify_ct=0, correct=0, proposed=0, histogram=[]))
     assert record is not None
     assert record.acceptance_histogram == {}
     assert record.num_spec_steps == 0
@@ -197,7 +150,7 @@ def tokenspeed_meta(**changes) -> dict[str, Any]:
         "spec_draft_tokens": 60,
     }
     meta.update(changes)
-    return chat(
+    return chat_completion(
         usage={"prompt_tokens": 3, "completion_tokens": 48, "total_tokens": 51},
         choice={"meta_info": meta},
     )
@@ -239,7 +192,7 @@ def usage_pair(accepted: Any, rejected: Any, **usage) -> dict[str, Any]:
         "rejected_prediction_tokens": rejected,
         "reasoning_tokens": 0,
     }
-    return chat(
+    return chat_completion(
         usage={
             "prompt_tokens": 3,
             "completion_tokens": 48,
@@ -304,17 +257,7 @@ def test_usage_pair_yields_to_an_engines_own_stats():
     """Fallback: vLLM behind a gateway that also filled the pair is read from vLLM's
     own stats, not reported ambiguous."""
     body = usage_pair(27, 33)
-    body["metrics"] = {
-        "speculative_decoding": {
-            "mean_acceptance_length": 1.5,
-            "draft_acceptance_rate": 0.25,
-            "acceptance_histogram": [5, 5],
-            "num_spec_steps": 10,
-            "num_accepted_draft_tokens": 5,
-            "num_draft_tokens": 20,
-            "num_spec_tokens": 1,
-        }
-    }
+    body["metrics"] = {"speculative_decoding": VLLM_STATS}
     record = record_from_json(body, REQUEST)
     assert record is not None
     assert record.engine == "vllm"
@@ -357,7 +300,7 @@ def test_record_from_text_takes_the_request_too():
 
 
 def timings_body(**timings) -> dict[str, Any]:
-    return chat(
+    return chat_completion(
         usage={"prompt_tokens": 3, "completion_tokens": 45, "total_tokens": 48}, timings=timings
     )
 
@@ -424,7 +367,7 @@ def test_litellm_provider_specific_fields_are_read_as_the_choices_own():
         "num_draft_tokens": 8,
         "num_spec_tokens": 2,
     }
-    payload = chat(
+    payload = chat_completion(
         usage={"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12},
         choice={"provider_specific_fields": {"speculative_decoding_stats": stats}},
     )
@@ -465,9 +408,12 @@ def test_a_choices_own_field_wins_over_a_moved_one_unless_it_is_null():
 
 
 # ================================================================ the Responses API
+# Its SDK types came in openai 1.66: scripts/test-matrix.sh deselects these on the oldest.
 
 
 def test_a_responses_body_shows_output_tokens_as_completion_tokens():
+    from openai.types.responses import Response  # openai >= 1.66
+
     body = {"object": "response", "output": [], "usage": {"input_tokens": 4, "output_tokens": 9}}
     usage = ParsedResponse.from_dict(body).usage
     assert usage["completion_tokens"] == 9 and usage["prompt_tokens"] == 4
@@ -477,6 +423,8 @@ def test_a_responses_body_shows_output_tokens_as_completion_tokens():
 
 
 def test_a_completed_event_merges_the_event_root_and_the_response_root():
+    from openai.types.responses import ResponseStreamEvent  # openai >= 1.66
+
     event = {
         "type": "response.completed",
         "response": {
@@ -505,22 +453,15 @@ def test_a_completed_event_merges_the_event_root_and_the_response_root():
 def test_a_responses_body_with_vllms_spec_decode_object_is_read():
     """vLLM 0.33.0 puts the same PerRequestMetrics object on /v1/responses (timing fields
     only today); once it holds speculative_decoding, the vLLM adapter reads it."""
-    stats = {
-        "mean_acceptance_length": 1.5,
-        "draft_acceptance_rate": 0.25,
-        "acceptance_histogram": [5, 5],
-        "num_spec_steps": 10,
-        "num_accepted_draft_tokens": 5,
-        "num_draft_tokens": 20,
-        "num_spec_tokens": 1,
-    }
+    from openai.types.responses import Response  # openai >= 1.66
+
     body = {
         "id": "r",
         "object": "response",
         "model": "m",
         "output": [],
         "usage": {"input_tokens": 4, "output_tokens": 16, "total_tokens": 20},
-        "metrics": {"time_to_first_token_ms": 3.0, "speculative_decoding": stats},
+        "metrics": {"time_to_first_token_ms": 3.0, "speculative_decoding": VLLM_STATS},
     }
     record = detect([ParsedResponse.from_sdk(construct_type(type_=Response, value=body))])
     assert record is not None

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx2
 import openai
 import pytest
 from openai._models import construct_type
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from openai_sdk import http, mock_client
 from record_json import dump_like
 from spec_decode_otel.adapters import ParsedResponse, detect
 from spec_decode_otel.capture import is_multi_sequence, last_completion_tokens
@@ -168,21 +168,13 @@ def test_completion_tokens_that_are_not_a_count_are_unknown(bad):
 # ---------------------------------------------------------------- through a real client
 
 
-def _client(handler) -> openai.OpenAI:
-    return openai.OpenAI(
-        api_key="test",
-        base_url="http://engine.test/v1",
-        http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
-    )
-
-
 def test_real_client_response_carries_stats_through_to_a_record():
     example = vector("sglang_sglext_chat")
 
     def handler(request):
-        return httpx2.Response(200, json=example["response"])
+        return http.Response(200, json=example["response"])
 
-    completion = _client(handler).chat.completions.create(model="qwen", messages=[])
+    completion = mock_client(handler).chat.completions.create(model="qwen", messages=[])
     record = detect([ParsedResponse.from_sdk(completion)])
     assert record is not None
     want = example["expected_record"]
@@ -199,11 +191,11 @@ def test_real_client_stream_chunks_carry_stats_through_to_a_record():
     sse = "".join(f"data: {json.dumps(c)}\n\n" for c in example["chunks"]) + "data: [DONE]\n\n"
 
     def handler(request):
-        return httpx2.Response(
+        return http.Response(
             200, content=sse.encode(), headers={"content-type": "text/event-stream"}
         )
 
-    stream = _client(handler).chat.completions.create(model="m", messages=[], stream=True)
+    stream = mock_client(handler).chat.completions.create(model="m", messages=[], stream=True)
     chunks = list(stream)
     assert len(chunks) == len(example["chunks"])
     record = detect([ParsedResponse.from_sdk(c) for c in chunks])

@@ -3,21 +3,34 @@ proxy that ends the call when the body is read.
 
 With ``with_raw_response`` / ``with_streaming_response`` the SDK returns a response
 wrapper instead of the parsed object, and the body is parsed later by the user's
-``.parse()`` — possibly into a stream. The raw proxies leave every method and header as
-they are and only watch ``parse()``/``json()`` (and the close that ends a streaming
-response).
+``.parse()`` — possibly into a stream — or read raw. The raw proxies leave every method
+and header as they are and watch ``parse()``/``json()`` (and the close that ends a
+streaming response); a ``with_streaming_response`` proxy also watches the raw reads
+(``read()``, ``text()``, ``iter_bytes()``, ``iter_text()``, ``iter_lines()``): the SSE
+events read that way feed the same :class:`StreamObserver` as ``.parse()``'s chunks, and a
+JSON body read that way is decoded at its end. The user's reads return exactly what the
+SDK returns: a raw reader sees the bytes the server sent, our injected usage chunk
+included.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import wrapt
 
-from spec_decode_otel._logging import report_internal_error
+from spec_decode_otel._logging import rate_limited, report_internal_error
 from spec_decode_otel.instrumentation.call import Call
-from spec_decode_otel.instrumentation.streams import AsyncStreamProxy, SyncStreamProxy
+from spec_decode_otel.instrumentation.sse import MAX_EVENT_CHARS, SseSplitter
+from spec_decode_otel.instrumentation.streams import (
+    AsyncStreamProxy,
+    StreamObserver,
+    SyncStreamProxy,
+)
 
 
 def wrap_result(call: Call, result: Any, hide_usage: bool) -> Any:
@@ -37,9 +50,9 @@ def wrap_result(call: Call, result: Any, hide_usage: bool) -> Any:
                 return result
             return SyncRawResponseProxy(result, call, hide_usage)
         if isinstance(result, AsyncAPIResponse):
-            return AsyncRawResponseProxy(result, call, hide_usage)
+            return AsyncStreamedResponseProxy(result, call, hide_usage)
         if isinstance(result, BaseAPIResponse):
-            return SyncRawResponseProxy(result, call, hide_usage)
+            return SyncStreamedResponseProxy(result, call, hide_usage)
         return wrap_parsed(call, result, hide_usage)
     except Exception:
         report_internal_error("wrap_result")
@@ -62,6 +75,166 @@ def wrap_parsed(call: Call, parsed: Any, hide_usage: bool) -> Any:
     return parsed
 
 
+class RawBody:
+    """What the user's raw reads of one response body teach us; ends the call once.
+
+    A streamed (SSE) body: each complete ``data:`` event is decoded and made into the
+    SDK's own chunk type, as ``.parse()`` would, and handed to a :class:`StreamObserver`
+    (so the record, outcome and span are those of ``.parse()``); ``[DONE]`` or the end of
+    the body ends the call, and an ``error`` event ends it as the ``APIError`` the SDK
+    would have raised. A JSON body: its text is kept (at most ``MAX_EVENT_CHARS``) and
+    decoded at its end. An event or body that does not decode gives a debug log and no
+    record; nothing here raises.
+    """
+
+    def __init__(self, call: Call, response: Any) -> None:
+        self.call = call
+        self.response = response
+        self.streamed = bool(getattr(response, "_is_sse_stream", call.plan.streaming))
+        #: The usage chunk is never hidden from a raw reader: it reads the server's bytes.
+        self.observer = StreamObserver(call, hide_usage_chunk=False)
+        self.splitter = SseSplitter()
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.body: list[str] = []
+        self.body_chars = 0
+        self._make_chunk: Callable[[Any], Any] | None = None
+
+    # -- what the user read ---------------------------------------------------------
+
+    def feed_bytes(self, data: bytes) -> None:
+        if not self.call.done:
+            self.feed_text(self.decoder.decode(data))
+
+    def feed_line(self, line: str) -> None:
+        """A line from ``iter_lines()``, which drops the line end."""
+        self.feed_text(line)
+        self.feed_text("\n")
+
+    def feed_text(self, text: str) -> None:
+        if self.call.done:
+            return
+        try:
+            if self.streamed:
+                for data in self.splitter.feed(text):
+                    self._event(data)
+                    if self.call.done:
+                        return
+            elif self.body_chars <= MAX_EVENT_CHARS:
+                self.body_chars += len(text)
+                if self.body_chars <= MAX_EVENT_CHARS:
+                    self.body.append(text)
+                else:  # over the bound: keep nothing more, decode nothing at the end
+                    self.body.clear()
+        except Exception:
+            report_internal_error("raw.feed")
+
+    def whole_bytes(self, body: bytes) -> None:
+        """``read()``: the whole body."""
+        self.feed_bytes(body)
+        self.end()
+
+    def whole_text(self, body: str) -> None:
+        """``text()``: the whole body."""
+        self.feed_text(body)
+        self.end()
+
+    # -- how the reading ended ------------------------------------------------------
+
+    def end(self) -> None:
+        """The body was read to its end."""
+        if self.call.done:
+            return
+        try:
+            self.feed_text(self.decoder.decode(b"", final=True))
+            if self.streamed:
+                self.observer.on_end()
+                return
+            text = "".join(self.body)
+            self.body.clear()
+            if self.body_chars > MAX_EVENT_CHARS:
+                _debug(
+                    "raw.body",
+                    "a body read raw of over %d characters was not decoded",
+                    MAX_EVENT_CHARS,
+                )
+                self.call.finish_empty()
+                return
+            try:
+                body = json.loads(text)
+            except ValueError:
+                _debug("raw.json", "a body read raw is not JSON (%d characters)", len(text))
+                body = None
+            self.call.finish_dict(body)
+        except Exception:
+            report_internal_error("raw.end")
+            self.call.finish_empty()
+
+    def error(self, error: BaseException) -> None:
+        """Reading the body raised ``error`` (re-raised to the user)."""
+        if self.streamed:
+            self.observer.on_error(error)
+        else:
+            self.call.finish_error(error)
+
+    def stop(self) -> None:
+        """Closed, exited or collected: before its end, unless ``end`` came first."""
+        if self.streamed:
+            self.observer.on_stop()
+        else:
+            self.call.finish_empty(read_to_end=False)
+
+    # -- one SSE event --------------------------------------------------------------
+
+    def _event(self, data: str) -> None:
+        if data.startswith("[DONE]"):
+            self.observer.on_end()
+            return
+        try:
+            payload = json.loads(data)
+        except ValueError:
+            _debug("raw.event", "an SSE event read raw is not JSON (%d characters)", len(data))
+            return
+        if isinstance(payload, Mapping) and payload.get("error"):
+            self.observer.on_error(self._api_error(payload["error"]))
+            return
+        try:
+            chunk = self._chunk(payload)
+        except Exception:
+            _debug("raw.chunk", "an SSE event read raw is not a chunk the SDK can build")
+            return
+        self.observer.observe(chunk)
+
+    def _chunk(self, payload: Any) -> Any:
+        """The SDK object ``.parse()``'s stream would have made of ``payload``."""
+        if self._make_chunk is None:
+            from openai._streaming import extract_stream_chunk_type
+
+            response = self.response
+            stream_cls = response._stream_cls
+            cast_to = extract_stream_chunk_type(stream_cls) if stream_cls else response._cast_to
+            process = response._client._process_response_data
+            http_response = response.http_response
+
+            def make(payload: Any) -> Any:
+                return process(data=payload, cast_to=cast_to, response=http_response)
+
+            self._make_chunk = make
+        return self._make_chunk(payload)
+
+    def _api_error(self, error: Any) -> BaseException:
+        """The ``APIError`` the SDK's stream raises for an ``error`` event."""
+        from openai import APIError
+
+        message = error.get("message") if isinstance(error, Mapping) else None
+        if not message or not isinstance(message, str):
+            message = "An error occurred during streaming"
+        return APIError(message, self.response.http_response.request, body=error)
+
+
+def _debug(key: str, msg: str, *args: object) -> None:
+    rate_limited.log(logging.DEBUG, key, "spec_decode_otel: " + msg, *args)
+
+
 class _RawResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from wrapt 2
     def __init__(self, wrapped: Any, call: Call, hide_usage: bool) -> None:
         super().__init__(wrapped)
@@ -70,6 +243,8 @@ class _RawResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic
         #: (what the SDK parsed, what the user got): ``parse()`` is cached by the SDK, so
         #: the user gets the same proxy on every call.
         self._self_parsed: tuple[Any, Any] | None = None
+        #: Set once the user reads the body raw.
+        self._self_raw: RawBody | None = None
 
     def _observe_parsed(self, parsed: Any) -> Any:
         try:
@@ -86,16 +261,26 @@ class _RawResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic
         self._self_call.finish_dict(body)
         return body
 
+    def _raw_body(self) -> RawBody:
+        if self._self_raw is None:
+            self._self_raw = RawBody(self._self_call, self.__wrapped__)
+        return self._self_raw
+
     def _closed(self) -> None:
-        if self._self_parsed is None:
+        if self._self_raw is not None:
+            self._self_raw.stop()
+        elif self._self_parsed is None:
             self._self_call.finish_empty(read_to_end=False)
 
     def __del__(self) -> None:
-        self._closed()
+        try:
+            self._closed()
+        except Exception:
+            report_internal_error("raw.__del__")
 
 
 class SyncRawResponseProxy(_RawResponseProxy):
-    """Wraps ``LegacyAPIResponse``/``APIResponse`` whose body the user reads later."""
+    """Wraps ``LegacyAPIResponse`` (``with_raw_response``) whose body the user parses later."""
 
     def parse(self, *args: Any, **kwargs: Any) -> Any:
         return self._observe_parsed(self.__wrapped__.parse(*args, **kwargs))
@@ -108,6 +293,58 @@ class SyncRawResponseProxy(_RawResponseProxy):
             self.__wrapped__.close()
         finally:
             self._closed()
+
+
+class SyncStreamedResponseProxy(SyncRawResponseProxy):
+    """Wraps ``APIResponse`` (``with_streaming_response``): also watches the raw reads."""
+
+    def read(self) -> Any:
+        raw = self._raw_body()
+        try:
+            body = self.__wrapped__.read()
+        except BaseException as exc:
+            raw.error(exc)
+            raise
+        raw.whole_bytes(body)
+        return body
+
+    def text(self) -> Any:
+        raw = self._raw_body()
+        try:
+            body = self.__wrapped__.text()
+        except BaseException as exc:
+            raw.error(exc)
+            raise
+        raw.whole_text(body)
+        return body
+
+    def iter_bytes(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        raw = self._raw_body()
+        return self._observed(self.__wrapped__.iter_bytes(*args, **kwargs), raw, raw.feed_bytes)
+
+    def iter_text(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        raw = self._raw_body()
+        return self._observed(self.__wrapped__.iter_text(*args, **kwargs), raw, raw.feed_text)
+
+    def iter_lines(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        raw = self._raw_body()
+        return self._observed(self.__wrapped__.iter_lines(*args, **kwargs), raw, raw.feed_line)
+
+    def _observed(
+        self, source: Iterator[Any], raw: RawBody, feed: Callable[[Any], None]
+    ) -> Iterator[Any]:
+        # A generator method: it holds the proxy, whose close/exit/GC ends a body the
+        # user stopped reading, for as long as a loop holds the generator.
+        try:
+            for piece in source:
+                feed(piece)
+                yield piece
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            raw.error(exc)
+            raise
+        raw.end()
 
 
 class AsyncRawResponseProxy(_RawResponseProxy):
@@ -124,3 +361,54 @@ class AsyncRawResponseProxy(_RawResponseProxy):
             await self.__wrapped__.close()
         finally:
             self._closed()
+
+
+class AsyncStreamedResponseProxy(AsyncRawResponseProxy):
+    """``AsyncRawResponseProxy`` that also watches the raw reads (``read()``, ``text()``
+    and the async ``iter_bytes()``/``iter_text()``/``iter_lines()``)."""
+
+    async def read(self) -> Any:
+        raw = self._raw_body()
+        try:
+            body = await self.__wrapped__.read()
+        except BaseException as exc:
+            raw.error(exc)
+            raise
+        raw.whole_bytes(body)
+        return body
+
+    async def text(self) -> Any:
+        raw = self._raw_body()
+        try:
+            body = await self.__wrapped__.text()
+        except BaseException as exc:
+            raw.error(exc)
+            raise
+        raw.whole_text(body)
+        return body
+
+    def iter_bytes(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        raw = self._raw_body()
+        return self._observed(self.__wrapped__.iter_bytes(*args, **kwargs), raw, raw.feed_bytes)
+
+    def iter_text(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        raw = self._raw_body()
+        return self._observed(self.__wrapped__.iter_text(*args, **kwargs), raw, raw.feed_text)
+
+    def iter_lines(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        raw = self._raw_body()
+        return self._observed(self.__wrapped__.iter_lines(*args, **kwargs), raw, raw.feed_line)
+
+    async def _observed(
+        self, source: AsyncIterator[Any], raw: RawBody, feed: Callable[[Any], None]
+    ) -> AsyncIterator[Any]:
+        try:
+            async for piece in source:
+                feed(piece)
+                yield piece
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            raw.error(exc)
+            raise
+        raw.end()

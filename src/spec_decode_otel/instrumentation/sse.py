@@ -1,0 +1,111 @@
+"""Server-sent events from text that arrives in pieces of any size: the ``data`` of each
+complete event, as the ``openai`` SDK's own SSE decoder dispatches it, in bounded memory.
+
+Used for response bodies the user reads raw (``iter_lines``/``iter_text``/``iter_bytes``,
+sync or async, or ``read()``/``text()``): one splitter takes whatever text arrives.
+
+- A line ends at ``\\r\\n``, ``\\n`` or ``\\r``; a ``\\r\\n`` split between two pieces is
+  one line end.
+- A blank line ends an event; its ``data:`` lines (one leading space dropped) are joined
+  with ``\\n``. Comments (``:...``) and the other fields (``event``, ``id``, ``retry``)
+  are skipped. An event without data yields nothing; an event the body never ends (no
+  blank line after it) is not yielded either, as with the SDK.
+- One exception: a ``data: [DONE]`` line that starts an event (OpenAI's end of stream) is
+  yielded at once: a reader of ``iter_lines()`` may stop at that line, before the blank
+  line that ends its event.
+- An event holding more than ``MAX_EVENT_CHARS`` characters (its data so far plus the line
+  being read) is dropped whole, with a rate-limited debug log: from then on its text is
+  only scanned for line ends and never kept, until the blank line that ends it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from spec_decode_otel._logging import rate_limited
+
+#: The largest SSE event (or JSON body) read raw that is decoded: 16 Mi characters
+#: (16 MiB of ASCII), the largest body SECURITY.md's worst-case cost covers and far above
+#: any real chunk, the Responses API's ``response.completed`` (which repeats the whole
+#: output) included. Larger ones give no record; the user's reads are untouched.
+MAX_EVENT_CHARS = 16 * 1024 * 1024
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+class SseSplitter:
+    """Feed it text with :meth:`feed`; it returns the data of the events that text ended."""
+
+    def __init__(self, max_event_chars: int = MAX_EVENT_CHARS) -> None:
+        self._max = max_event_chars
+        #: The line being read (nothing of it while dropping), and its length.
+        self._line: list[str] = []
+        self._line_chars = 0
+        #: The current event's data lines, and their total length.
+        self._data: list[str] = []
+        self._data_chars = 0
+        #: The current event went over the limit: skip it to its end.
+        self._dropping = False
+        #: The last piece ended with ``\r``: a ``\n`` starting the next one ends no line.
+        self._after_cr = False
+
+    def feed(self, text: str) -> list[str]:
+        if not text:
+            return []
+        if self._after_cr and text[0] == "\n":
+            text = text[1:]
+        self._after_cr = text.endswith("\r")
+        *ended, rest = _LINE_END.split(text)
+        events: list[str] = []
+        for piece in ended:
+            size = self._line_chars + len(piece)
+            if size == 0:
+                self._end_event(events)
+                continue
+            if not self._dropping:
+                if self._data_chars + size > self._max:
+                    self._drop()
+                else:
+                    self._field("".join(self._line) + piece if self._line else piece, events)
+            self._line.clear()
+            self._line_chars = 0
+        if rest:
+            self._line_chars += len(rest)
+            if not self._dropping:
+                if self._data_chars + self._line_chars > self._max:
+                    self._drop()
+                else:
+                    self._line.append(rest)
+        return events
+
+    def _field(self, line: str, events: list[str]) -> None:
+        name, _, value = line.partition(":")
+        if name != "data":
+            return
+        if value.startswith(" "):
+            value = value[1:]
+        if not self._data and value.startswith("[DONE]"):
+            events.append(value)
+            return
+        self._data.append(value)
+        self._data_chars += len(value)
+
+    def _end_event(self, events: list[str]) -> None:
+        if self._data and not self._dropping:
+            events.append("\n".join(self._data))
+        self._data.clear()
+        self._data_chars = 0
+        self._dropping = False
+
+    def _drop(self) -> None:
+        self._dropping = True
+        self._data.clear()
+        self._data_chars = 0
+        self._line.clear()
+        rate_limited.log(
+            logging.DEBUG,
+            "sse.oversized",
+            "spec_decode_otel: an SSE event of more than %d characters was not decoded",
+            self._max,
+        )

@@ -44,8 +44,7 @@ TESTS=(
   tests/integration/test_outcomes.py
 )
 # Tests of SDK surface newer than the oldest declared openai (they run in the other venvs).
-# A test that needs a newer API than the floor goes here, with the reason; so does one that
-# shows a bug on the floor, until its fix.
+# A test that needs a newer API than the floor goes here, with the reason.
 OLDEST_SKIP=(
   # openai.types.responses (the Responses API SDK types) appeared in openai 1.66
   "--deselect=tests/unit/test_vectors.py::test_vector_from_openai_sdk_objects_gives_expected_record[llamacpp_responses_stream]"
@@ -53,11 +52,6 @@ OLDEST_SKIP=(
   --deselect=tests/unit/test_adapters_wire_fidelity.py::test_a_responses_body_shows_output_tokens_as_completion_tokens
   --deselect=tests/unit/test_adapters_wire_fidelity.py::test_a_completed_event_merges_the_event_root_and_the_response_root
   --deselect=tests/unit/test_adapters_wire_fidelity.py::test_a_responses_body_with_vllms_spec_decode_object_is_read
-  # A bug, not SDK surface (remove with its fix in capture._usage_view): openai < 1.45 does
-  # not declare usage.completion_tokens_details, so it is a plain dict in model_extra, whose
-  # accepted/rejected_prediction_tokens _usage_view overwrites with None: no usage-pair record
-  "--deselect=tests/unit/test_vectors.py::test_vector_from_openai_sdk_objects_gives_expected_record[smg_usage_prediction_tokens]"
-  --deselect=tests/unit/test_adapters_wire_fidelity.py::test_usage_pair_from_the_sdk_usage_object_is_read
   # chat.completions.parse()/stream() sit under client.beta in openai 1.40
   --deselect=tests/integration/test_instrumentation_responses.py::test_chat_completions_parse_is_recorded
   --deselect=tests/integration/test_instrumentation_responses.py::test_stream_helper_

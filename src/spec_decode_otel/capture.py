@@ -164,7 +164,10 @@ def _usage_view(usage: Any) -> Mapping[str, Any] | None:
         value = getattr(usage, ours, None)
         view[ours] = value if value is not None else getattr(usage, theirs, None)
     details = getattr(usage, "completion_tokens_details", None)
-    if details is not None:
+    if isinstance(details, Mapping):
+        # openai < 1.45 has no such field: the SDK keeps the server's dict as an extra.
+        view["completion_tokens_details"] = dict(details)
+    elif details is not None:
         counts = dict(getattr(details, "model_extra", None) or ())
         for name in _PREDICTION_COUNTS:
             counts[name] = getattr(details, name, None)

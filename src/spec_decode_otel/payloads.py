@@ -15,6 +15,7 @@ from spec_decode_otel._logging import logger
 from spec_decode_otel.adapters.registry import detect
 from spec_decode_otel.capture import ParsedResponse
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
+from spec_decode_otel.sse import SseSplitter
 
 #: Inputs larger than this are refused by :func:`parse_payloads` (64 MiB of text is
 #: far beyond any real response or stream capture).
@@ -98,18 +99,11 @@ def _parse_json_lines(text: str) -> list[Any]:
 
 
 def _parse_sse(text: str) -> list[Any]:
-    """The JSON data of each event; an event's ``data:`` lines are joined, a blank line
-    ends it, and every other field (``event:``, ``id:``, comments) is ignored."""
-    events: list[str] = []
-    data: list[str] = []
-    for line in [*text.splitlines(), ""]:  # splitlines also ends lines at \r\n and \r
-        if line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-        elif not line and data:
-            events.append("\n".join(data))
-            data = []
+    """The JSON data of each event, read as the instrumentation reads a raw stream
+    (:class:`~spec_decode_otel.sse.SseSplitter`): the last event needs no blank line
+    after it here, since a saved capture often ends without one."""
     payloads = []
-    for event in events:
+    for event in SseSplitter().feed(text + "\n\n"):
         if event.strip() == "[DONE]":
             continue
         try:

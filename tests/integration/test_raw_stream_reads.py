@@ -40,7 +40,7 @@ from opentelemetry.trace import StatusCode
 
 import spec_decode_otel
 from reliability.loopback import LoopbackServer
-from spec_decode_otel.instrumentation.sse import MAX_EVENT_CHARS
+from spec_decode_otel.sse import MAX_EVENT_CHARS
 
 MODES = ["sync", "async"]
 #: The raw ways to read a body (sync and async clients name them alike).

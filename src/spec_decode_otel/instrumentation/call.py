@@ -149,7 +149,7 @@ class Call:
                 lambda: self._end(
                     []
                     if multi_sequence
-                    else [ParsedResponse.from_sdk(c, self.plan.request) for c in chunks],
+                    else [p for c in chunks if (p := _parsed_chunk(c, self.plan.request))],
                     response_model=response_model,
                     finish_reasons=finish_reasons,
                     usage=next(filter(None, map(_chunk_usage, reversed(chunks))), None),
@@ -202,12 +202,12 @@ class Call:
         plan = self.plan
         first_chunk = None if first_chunk_at is None else first_chunk_at - self.started
         if usage is not None:  # Chat Completions names, else the Responses API's
-            input_tokens = getattr(usage, "prompt_tokens", None)
+            input_tokens = _field(usage, "prompt_tokens")
             if input_tokens is None:
-                input_tokens = getattr(usage, "input_tokens", None)
-            output_tokens = getattr(usage, "completion_tokens", None)
+                input_tokens = _field(usage, "input_tokens")
+            output_tokens = _field(usage, "completion_tokens")
             if output_tokens is None:
-                output_tokens = getattr(usage, "output_tokens", None)
+                output_tokens = _field(usage, "output_tokens")
         input_tokens = input_tokens if _is_count(input_tokens) else None
         output_tokens = output_tokens if _is_count(output_tokens) else None
         response_model = (
@@ -302,11 +302,24 @@ def _finish_reasons(obj: Any) -> list[Any]:
     return [reason] if reason is not None else []
 
 
+def _parsed_chunk(chunk: Any, request: Mapping[str, Any] | None) -> ParsedResponse | None:
+    """A kept chunk: an SDK object, or the JSON of one a raw reader read."""
+    if isinstance(chunk, Mapping):
+        return ParsedResponse.from_dict(chunk, request)
+    return ParsedResponse.from_sdk(chunk, request)
+
+
+def _field(obj: Any, name: str) -> Any:
+    """``obj.name``, or ``obj[name]`` of a decoded JSON object."""
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
 def _chunk_usage(chunk: Any) -> Any:
     """A chunk's usage; for a Responses stream event, its response's."""
-    usage = getattr(chunk, "usage", None)
+    usage = _field(chunk, "usage")
     if usage is None:
-        usage = getattr(getattr(chunk, "response", None), "usage", None)
+        response = _field(chunk, "response")
+        usage = None if response is None else _field(response, "usage")
     return usage
 
 

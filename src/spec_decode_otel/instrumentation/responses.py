@@ -25,12 +25,12 @@ import wrapt
 
 from spec_decode_otel._logging import rate_limited, report_internal_error
 from spec_decode_otel.instrumentation.call import Call
-from spec_decode_otel.instrumentation.sse import MAX_EVENT_CHARS, SseSplitter
 from spec_decode_otel.instrumentation.streams import (
     AsyncStreamProxy,
     StreamObserver,
     SyncStreamProxy,
 )
+from spec_decode_otel.sse import MAX_EVENT_CHARS, SseSplitter
 
 
 def wrap_result(call: Call, result: Any, hide_usage: bool) -> Any:
@@ -78,11 +78,11 @@ def wrap_parsed(call: Call, parsed: Any, hide_usage: bool) -> Any:
 class RawBody:
     """What the user's raw reads of one response body teach us; ends the call once.
 
-    A streamed (SSE) body: each complete ``data:`` event is decoded and made into the
-    SDK's own chunk type, as ``.parse()`` would, and handed to a :class:`StreamObserver`
-    (so the record, outcome and span are those of ``.parse()``); ``[DONE]`` or the end of
-    the body ends the call, and an ``error`` event ends it as the ``APIError`` the SDK
-    would have raised. A JSON body: its text is kept (at most ``MAX_EVENT_CHARS``) and
+    A streamed (SSE) body: each complete ``data:`` event is decoded and handed to a
+    :class:`StreamObserver`, which notes from the JSON what it notes from ``.parse()``'s
+    chunks (so the record, outcome and span are those of ``.parse()``); ``[DONE]`` or the
+    end of the body ends the call, and an ``error`` event ends it as the ``APIError`` the
+    SDK would have raised. A JSON body: its text is kept (at most ``MAX_EVENT_CHARS``) and
     decoded at its end. An event or body that does not decode gives a debug log and no
     record; nothing here raises.
     """
@@ -97,7 +97,6 @@ class RawBody:
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.body: list[str] = []
         self.body_chars = 0
-        self._make_chunk: Callable[[Any], Any] | None = None
 
     # -- what the user read ---------------------------------------------------------
 
@@ -107,18 +106,20 @@ class RawBody:
 
     def feed_line(self, line: str) -> None:
         """A line from ``iter_lines()``, which drops the line end."""
-        self.feed_text(line)
-        self.feed_text("\n")
+        if not self.streamed:
+            self.feed_text(line + "\n")
+        elif not self.call.done:
+            try:
+                self._events(self.splitter.line(line))
+            except Exception:
+                report_internal_error("raw.feed")
 
     def feed_text(self, text: str) -> None:
         if self.call.done:
             return
         try:
             if self.streamed:
-                for data in self.splitter.feed(text):
-                    self._event(data)
-                    if self.call.done:
-                        return
+                self._events(self.splitter.feed(text))
             elif self.body_chars <= MAX_EVENT_CHARS:
                 self.body_chars += len(text)
                 if self.body_chars <= MAX_EVENT_CHARS:
@@ -185,6 +186,12 @@ class RawBody:
 
     # -- one SSE event --------------------------------------------------------------
 
+    def _events(self, events: list[str]) -> None:
+        for data in events:
+            self._event(data)
+            if self.call.done:
+                return
+
     def _event(self, data: str) -> None:
         if data.startswith("[DONE]"):
             self.observer.on_end()
@@ -194,32 +201,13 @@ class RawBody:
         except ValueError:
             _debug("raw.event", "an SSE event read raw is not JSON (%d characters)", len(data))
             return
-        if isinstance(payload, Mapping) and payload.get("error"):
+        if not isinstance(payload, Mapping):
+            _debug("raw.event", "an SSE event read raw is not a JSON object")
+            return
+        if payload.get("error"):
             self.observer.on_error(self._api_error(payload["error"]))
             return
-        try:
-            chunk = self._chunk(payload)
-        except Exception:
-            _debug("raw.chunk", "an SSE event read raw is not a chunk the SDK can build")
-            return
-        self.observer.observe(chunk)
-
-    def _chunk(self, payload: Any) -> Any:
-        """The SDK object ``.parse()``'s stream would have made of ``payload``."""
-        if self._make_chunk is None:
-            from openai._streaming import extract_stream_chunk_type
-
-            response = self.response
-            stream_cls = response._stream_cls
-            cast_to = extract_stream_chunk_type(stream_cls) if stream_cls else response._cast_to
-            process = response._client._process_response_data
-            http_response = response.http_response
-
-            def make(payload: Any) -> Any:
-                return process(data=payload, cast_to=cast_to, response=http_response)
-
-            self._make_chunk = make
-        return self._make_chunk(payload)
+        self.observer.observe_payload(payload)
 
     def _api_error(self, error: Any) -> BaseException:
         """The ``APIError`` the SDK's stream raises for an ``error`` event."""

@@ -15,9 +15,10 @@ context is in force.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import wrapt
@@ -73,14 +74,60 @@ class StreamObserver:
                 reason = choice.finish_reason
                 if reason is not None:
                     keep = True
-                    if len(self.finish_reasons) < MAX_FINISH_REASONS:
-                        self.finish_reasons.append(reason)
+                    self._finish_reason(reason)
             if keep:
                 self.kept.append(chunk)
                 return not (self.hide_usage_chunk and not choices and chunk.usage is not None)
         except Exception:
             report_internal_error("stream.observe")
         return True
+
+    def observe_payload(self, payload: Mapping[str, Any]) -> None:
+        """Note one chunk or Responses event decoded from SSE the user reads raw: the
+        same notes as :meth:`observe`, read from the JSON. A raw reader never has the SDK
+        build its chunk objects, which cost several times the reading itself, so neither
+        do we; the SDK's own field names tell a non-standard field."""
+        try:
+            choices = payload.get("choices")
+            if self.first_at is None:
+                self.first_at = time.perf_counter()
+                holder = payload if isinstance(choices, list) else payload.get("response")
+                model = holder.get("model") if isinstance(holder, Mapping) else None
+                self.model = model if isinstance(model, str) else None
+            if not isinstance(choices, list):
+                # A Responses API event: the finished response comes last, so every event
+                # may be kept (the deque keeps the last ones).
+                self.kept.append(payload)
+                response = payload.get("response")
+                status = response.get("status") if isinstance(response, Mapping) else None
+                reason = RESPONSES_FINISH_REASONS.get(status if isinstance(status, str) else "")
+                finished = payload.get("type") in RESPONSES_TERMINAL_EVENTS
+                if finished and reason is not None:
+                    self._finish_reason(reason)
+                return
+            root_fields, choice_fields = _sdk_fields()
+            keep = payload.get("usage") is not None or not root_fields.issuperset(payload)
+            if len(choices) > 1:
+                self.multi = True
+            for choice in choices[:MAX_CHOICES]:
+                if not isinstance(choice, Mapping):
+                    continue
+                if choice.get("index"):
+                    self.multi = True
+                if not choice_fields.issuperset(choice):
+                    keep = True
+                reason = choice.get("finish_reason")
+                if reason is not None:
+                    keep = True
+                    self._finish_reason(reason)
+            if keep:
+                self.kept.append(payload)
+        except Exception:
+            report_internal_error("stream.observe_payload")
+
+    def _finish_reason(self, reason: Any) -> None:
+        if len(self.finish_reasons) < MAX_FINISH_REASONS:
+            self.finish_reasons.append(reason)
 
     def _observe_event(self, event: Any) -> bool:
         """A Responses API stream event: kept when it carries a non-standard field
@@ -94,8 +141,8 @@ class StreamObserver:
         if event.model_extra or finished:
             self.kept.append(event)
         reason = RESPONSES_FINISH_REASONS.get(getattr(response, "status", None) or "")
-        if finished and reason is not None and len(self.finish_reasons) < MAX_FINISH_REASONS:
-            self.finish_reasons.append(reason)
+        if finished and reason is not None:
+            self._finish_reason(reason)
         return True
 
     def on_end(self) -> None:
@@ -124,6 +171,18 @@ class StreamObserver:
             read_to_end=read_to_end,
             error=error,
         )
+
+
+@functools.cache
+def _sdk_fields() -> tuple[frozenset[str], frozenset[str]]:
+    """The fields the SDK declares on a stream chunk and on a chunk's choice (chat and text
+    completions): what it would not put in ``model_extra``."""
+    from openai.types import Completion, CompletionChoice
+    from openai.types.chat import ChatCompletionChunk
+    from openai.types.chat.chat_completion_chunk import Choice
+
+    root = frozenset(ChatCompletionChunk.model_fields) | frozenset(Completion.model_fields)
+    return root, frozenset(Choice.model_fields) | frozenset(CompletionChoice.model_fields)
 
 
 class _HttpResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from wrapt 2

@@ -59,17 +59,7 @@ class SseSplitter:
         *ended, rest = _LINE_END.split(text)
         events: list[str] = []
         for piece in ended:
-            size = self._line_chars + len(piece)
-            if size == 0:
-                self._end_event(events)
-                continue
-            if not self._dropping:
-                if self._data_chars + size > self._max:
-                    self._drop()
-                else:
-                    self._field("".join(self._line) + piece if self._line else piece, events)
-            self._line.clear()
-            self._line_chars = 0
+            self._complete(piece, events)
         if rest:
             self._line_chars += len(rest)
             if not self._dropping:
@@ -78,6 +68,27 @@ class SseSplitter:
                 else:
                     self._line.append(rest)
         return events
+
+    def line(self, line: str) -> list[str]:
+        """One whole line without its line end (what ``iter_lines()`` yields): the data of
+        the event it ends, if any."""
+        events: list[str] = []
+        self._complete(line, events)
+        return events
+
+    def _complete(self, piece: str, events: list[str]) -> None:
+        """``piece`` ends the line being read."""
+        size = self._line_chars + len(piece)
+        if size == 0:
+            self._end_event(events)
+            return
+        if not self._dropping:
+            if self._data_chars + size > self._max:
+                self._drop()
+            else:
+                self._field("".join(self._line) + piece if self._line else piece, events)
+        self._line.clear()
+        self._line_chars = 0
 
     def _field(self, line: str, events: list[str]) -> None:
         name, _, value = line.partition(":")

@@ -1,9 +1,9 @@
 """Hostile response bodies, for the worst-case cost of the instrumentation.
 
-``corpus()`` returns ``(name, body_bytes)`` pairs (``build(name)`` makes one): chat
-completions whose speculative-decoding stats are built to be expensive, padded with message
-content to at least 1 MiB so that a per-MiB figure is not a call's fixed cost. A body
-starting with ``data:`` is a server-sent-event stream.
+``build(name)`` makes the body ``BUILDERS`` names: chat completions whose
+speculative-decoding stats are built to be expensive, padded with message content to at
+least 1 MiB so that a per-MiB figure is not a call's fixed cost. A body starting with
+``data:`` is a server-sent-event stream.
 """
 
 from __future__ import annotations
@@ -143,8 +143,3 @@ BUILDERS: dict[str, Callable[[], bytes]] = {
 
 def build(name: str) -> bytes:
     return BUILDERS[name]()
-
-
-def corpus() -> list[tuple[str, bytes]]:
-    """Every hostile body, as ``(name, body_bytes)``."""
-    return [(name, build(name)) for name in BUILDERS]

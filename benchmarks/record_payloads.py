@@ -2,13 +2,12 @@
 
     python benchmarks/record_payloads.py
 
-The simulator (vLLM merged shape, level ``detailed``, k=4, a fixed seed per request, so
-re-recording reproduces the files) answers on a loopback port; written byte for byte to
-``benchmarks/data/``: ``chat_nonstream.json``, a non-streaming chat completion;
-``chat_stream.sse``, a stream with ``STREAM_CONTENT_CHUNKS`` content chunks (one per
-verify step) plus the role, finish_reason and usage chunks (the last carries the stats),
-then ``[DONE]``; ``chat_stream_short.sse``, the same cut to
-``STREAM_SHORT_CONTENT_CHUNKS`` (the two differ only in their number of chunks); and
+The simulator (vLLM merged shape, level ``detailed``, k=4, a fixed seed per request: a
+new recording differs only in ids and timestamps) answers on a loopback port; written as
+sent to ``benchmarks/data/``: ``chat_nonstream.json``; ``chat_stream.sse``, a stream of
+``STREAM_CONTENT_CHUNKS`` content chunks (one per verify step) plus the role,
+finish_reason and usage chunks (the last carries the stats) and ``[DONE]``;
+``chat_stream_short.sse``, the same with ``STREAM_SHORT_CONTENT_CHUNKS``; and
 ``manifest.json``, how they were made and their chunk counts.
 """
 
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer
+from spec_decode_otel.sse import SseSplitter
 
 DATA = Path(__file__).resolve().parent / "data"
 MODEL = "spec-sim"
@@ -47,12 +47,7 @@ def _post(base_url: str, body: dict[str, Any], seed: int) -> tuple[bytes, dict[s
 
 def sse_chunks(body: bytes) -> list[dict[str, Any]]:
     """The JSON chunks of an SSE body (``[DONE]`` excluded)."""
-    chunks = []
-    for event in body.decode().split("\n\n"):
-        event = event.strip()
-        if event.startswith("data: ") and event != "data: [DONE]":
-            chunks.append(json.loads(event[len("data: ") :]))
-    return chunks
+    return [json.loads(e) for e in SseSplitter().feed(body.decode()) if e != "[DONE]"]
 
 
 def content_chunks(chunks: list[dict[str, Any]]) -> int:
@@ -70,17 +65,8 @@ def _record_stream(base: str, out: Path, name: str, content: int) -> dict[str, A
     upward until the stream has that many.
     """
     for max_tokens in range(content, content * (K + 1) + 1):
-        body, headers = _post(
-            base,
-            {
-                "model": MODEL,
-                "messages": MESSAGES,
-                "max_tokens": max_tokens,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            },
-            SEED,
-        )
+        request = {"model": MODEL, "messages": MESSAGES, "max_tokens": max_tokens, "stream": True}
+        body, headers = _post(base, request | {"stream_options": {"include_usage": True}}, SEED)
         chunks = sse_chunks(body)
         if content_chunks(chunks) == content:
             break

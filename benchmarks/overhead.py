@@ -181,12 +181,35 @@ class Floor:
         return result
 
 
+class SdkClock:
+    """Thread CPU ns in the SDK's own work, which every configuration only calls: its
+    ``request`` (transport and, unless streaming, parse) and building each stream chunk.
+    Left out of the timings: its drift on a shared machine hides what configurations add."""
+
+    def __init__(self) -> None:
+        self.ns, self._depth = 0, 0
+        for name in ("request", "_process_response_data"):
+            setattr(openai.OpenAI, name, self._timed(getattr(openai.OpenAI, name)))
+
+    def _timed(self, method: Any) -> Any:
+        def timed(client: Any, *args: Any, **kwargs: Any) -> Any:
+            self._depth, t0 = self._depth + 1, time.thread_time_ns()
+            try:
+                return method(client, *args, **kwargs)
+            finally:
+                self._depth -= 1
+                if not self._depth:  # a chunk built inside ``request`` counts once
+                    self.ns += time.thread_time_ns() - t0
+
+        return timed
+
+
 class Bench:
     """The replayed clients, and the configurations switched on and off in this process."""
 
     def __init__(self, providers: Providers) -> None:
-        self.providers = providers
-        self.floor = Floor(providers)
+        self.providers, self.floor = providers, Floor(providers)
+        self.sdk = SdkClock()
         manifest = json.loads((HERE / "data" / "manifest.json").read_text())
         self.clients, self.chunks = {}, {}
         for kind in KINDS:
@@ -212,16 +235,17 @@ class Bench:
             OpenAIInstrumentor().uninstrument()
 
     def cpu_us(self, config: str, kind: str, n: int) -> float:
-        """CPU µs per call over ``n`` calls (after one untimed call), exports included."""
+        """CPU µs per call over ``n`` calls (after one untimed call), exports included,
+        the SDK's own work (:class:`SdkClock`) left out."""
         client, stream = self.clients[kind], kind != "nonstream"
         run = self.floor.call if config == "E" else call
         run(client, stream)
         self.providers.flush()
-        t0 = time.process_time_ns()
+        t0, sdk = time.process_time_ns(), self.sdk.ns
         for _ in range(n):
             run(client, stream)
         self.providers.flush()
-        return (time.process_time_ns() - t0) / n / 1000
+        return (time.process_time_ns() - t0 - (self.sdk.ns - sdk)) / n / 1000
 
 
 def time_configs(bench: Bench, plan: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
@@ -249,11 +273,8 @@ def overheads(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, f
 
 
 def memory_growth_mb(client: openai.OpenAI, calls: int, quick: bool) -> tuple[float, str]:
-    """B's memory growth over ``calls`` non-streaming calls, scaled to 100,000 calls.
-
-    Spans go synchronously to nowhere here: a batch processor's queue (up to 2,048 spans)
-    would move the RSS by however full it happens to be.
-    """
+    """B's memory growth over ``calls`` non-streaming calls, scaled to 100,000 calls; spans
+    go synchronously to nowhere (a batch queue's fill level would move the RSS)."""
     p = Providers(SimpleSpanProcessor)
     SpecDecodeInstrumentor().instrument(tracer_provider=p.tracer, meter_provider=p.meter)
     for _ in range(min(calls, 5_000)):
@@ -314,29 +335,11 @@ def parse_us_10k_steps(repeat: int) -> float:
     return min(timer.repeat(repeat, number)) / number * 1e6
 
 
-def count_sdk_request_cpu() -> list[int]:
-    """From now on, the thread CPU ns spent inside the SDK's ``request`` (its transport and,
-    unless streaming, its parse, which B only calls) add up in the list returned."""
-    spent, request = [0], openai.OpenAI.request
-
-    def timed(client: Any, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.thread_time_ns()
-        try:
-            return request(client, *args, **kwargs)
-        finally:
-            spent[0] += time.thread_time_ns() - t0
-
-    openai.OpenAI.request = timed  # type: ignore[method-assign]
-    return spent
-
-
-def hostile_body(
-    bench: Bench, name: str, plan: dict[str, Any], sdk_request_ns: list[int]
-) -> dict[str, Any]:
+def hostile_body(bench: Bench, name: str, plan: dict[str, Any]) -> dict[str, Any]:
     """The CPU B adds to a call replaying one hostile body: the fastest of alternating
-    instrumented calls minus the fastest bare one, both without the SDK's ``request``
-    (other work only ever adds time, and the SDK takes up to a second on these bodies:
-    a busy machine moves it by more than B costs); and the extra peak RSS."""
+    instrumented calls minus the fastest bare one, both without the SDK's own work (other
+    work only ever adds time, and the SDK takes up to a second on these bodies); and the
+    extra peak RSS."""
     body = hostile.build(name)
     stream = body.startswith(b"data:")
     client = replay_client(body, "text/event-stream" if stream else "application/json")
@@ -346,12 +349,12 @@ def hostile_body(
         # This thread's CPU: spans are exported in it here, and while a CPU timer is armed
         # (the time limit) the process CPU clock only advances at scheduler ticks.
         gc.collect()
-        t0, inside = time.thread_time_ns(), sdk_request_ns[0]
+        t0, sdk = time.thread_time_ns(), bench.sdk.ns
         try:
             call(client, stream)
         except Exception as exc:  # the SDK's own failure, instrumented or not
             errors.append(type(exc).__name__)
-        return (time.thread_time_ns() - t0 - (sdk_request_ns[0] - inside)) / 1000
+        return (time.thread_time_ns() - t0 - (bench.sdk.ns - sdk)) / 1000
 
     first = cpu_us()  # the SDK's first parse of this body, not counted
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -383,11 +386,11 @@ def hostile_child(quick: bool, names: list[str]) -> None:
     the process, stops a body that takes more CPU seconds than ``hostile_timeout``."""
     resource.setrlimit(resource.RLIMIT_AS, (HOSTILE_MEMORY_LIMIT, HOSTILE_MEMORY_LIMIT))
     plan = QUICK if quick else FULL
-    bench, sdk_request_ns = Bench(Providers(SimpleSpanProcessor)), count_sdk_request_cpu()
+    bench = Bench(Providers(SimpleSpanProcessor))
     call(bench.clients["nonstream"], False)  # the SDK's first call in this process
     for name in names:
         signal.setitimer(signal.ITIMER_PROF, plan["hostile_timeout"])
-        print(json.dumps(hostile_body(bench, name, plan, sdk_request_ns)), flush=True)
+        print(json.dumps(hostile_body(bench, name, plan)), flush=True)
         signal.setitimer(signal.ITIMER_PROF, 0)
 
 

@@ -51,11 +51,8 @@ def sse_chunks(body: bytes) -> list[dict[str, Any]]:
 
 
 def content_chunks(chunks: list[dict[str, Any]]) -> int:
-    return sum(
-        1
-        for c in chunks
-        if c.get("choices") and (c["choices"][0].get("delta") or {}).get("content")
-    )
+    deltas = [(c.get("choices") or [{}])[0].get("delta") or {} for c in chunks]
+    return sum(1 for delta in deltas if delta.get("content"))
 
 
 def _record_stream(base: str, out: Path, name: str, content: int) -> dict[str, Any]:

@@ -50,7 +50,7 @@ def wrap_result(call: Call, result: Any, hide_usage: bool) -> Any:
                 return result
             return SyncRawResponseProxy(result, call, hide_usage)
         if isinstance(result, AsyncAPIResponse):
-            return AsyncStreamedResponseProxy(result, call, hide_usage)
+            return AsyncRawResponseProxy(result, call, hide_usage)
         if isinstance(result, BaseAPIResponse):
             return SyncStreamedResponseProxy(result, call, hide_usage)
         return wrap_parsed(call, result, hide_usage)
@@ -336,7 +336,9 @@ class SyncStreamedResponseProxy(SyncRawResponseProxy):
 
 
 class AsyncRawResponseProxy(_RawResponseProxy):
-    """Wraps ``AsyncAPIResponse`` (``with_streaming_response`` on the async client)."""
+    """Wraps ``AsyncAPIResponse`` (``with_streaming_response`` on the async client):
+    ``parse()``/``json()``, and the raw reads (``read()``, ``text()`` and the async
+    ``iter_bytes()``/``iter_text()``/``iter_lines()``)."""
 
     async def parse(self, *args: Any, **kwargs: Any) -> Any:
         return self._observe_parsed(await self.__wrapped__.parse(*args, **kwargs))
@@ -349,11 +351,6 @@ class AsyncRawResponseProxy(_RawResponseProxy):
             await self.__wrapped__.close()
         finally:
             self._closed()
-
-
-class AsyncStreamedResponseProxy(AsyncRawResponseProxy):
-    """``AsyncRawResponseProxy`` that also watches the raw reads (``read()``, ``text()``
-    and the async ``iter_bytes()``/``iter_text()``/``iter_lines()``)."""
 
     async def read(self) -> Any:
         raw = self._raw_body()

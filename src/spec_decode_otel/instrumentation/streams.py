@@ -57,24 +57,15 @@ class StreamObserver:
         """
         try:
             if self.first_at is None:
-                self.first_at = time.perf_counter()
-                model = getattr(chunk, "model", None)
-                self.model = model if isinstance(model, str) else None
+                self._first(getattr(chunk, "model", None))
             if not hasattr(chunk, "choices"):
                 return self._observe_event(chunk)
             choices = chunk.choices or ()
             keep = bool(chunk.model_extra) or chunk.usage is not None
-            if len(choices) > 1:
-                self.multi = True
+            self.multi = self.multi or len(choices) > 1
             for choice in choices[:MAX_CHOICES]:
-                if choice.index:
-                    self.multi = True
-                if choice.model_extra:
+                if self._note_choice(choice.index, bool(choice.model_extra), choice.finish_reason):
                     keep = True
-                reason = choice.finish_reason
-                if reason is not None:
-                    keep = True
-                    self._finish_reason(reason)
             if keep:
                 self.kept.append(chunk)
                 return not (self.hide_usage_chunk and not choices and chunk.usage is not None)
@@ -89,45 +80,31 @@ class StreamObserver:
         do we; the SDK's own field names tell a non-standard field."""
         try:
             choices = payload.get("choices")
+            response = payload.get("response")
             if self.first_at is None:
-                self.first_at = time.perf_counter()
-                holder = payload if isinstance(choices, list) else payload.get("response")
-                model = holder.get("model") if isinstance(holder, Mapping) else None
-                self.model = model if isinstance(model, str) else None
+                holder = payload if isinstance(choices, list) else response
+                self._first(holder.get("model") if isinstance(holder, Mapping) else None)
             if not isinstance(choices, list):
                 # A Responses API event: the finished response comes last, so every event
                 # may be kept (the deque keeps the last ones).
                 self.kept.append(payload)
-                response = payload.get("response")
                 status = response.get("status") if isinstance(response, Mapping) else None
-                reason = RESPONSES_FINISH_REASONS.get(status if isinstance(status, str) else "")
-                finished = payload.get("type") in RESPONSES_TERMINAL_EVENTS
-                if finished and reason is not None:
-                    self._finish_reason(reason)
+                self._note_event(payload.get("type"), status)
                 return
             root_fields, choice_fields = _sdk_fields()
             keep = payload.get("usage") is not None or not root_fields.issuperset(payload)
-            if len(choices) > 1:
-                self.multi = True
+            self.multi = self.multi or len(choices) > 1
             for choice in choices[:MAX_CHOICES]:
-                if not isinstance(choice, Mapping):
-                    continue
-                if choice.get("index"):
-                    self.multi = True
-                if not choice_fields.issuperset(choice):
+                if isinstance(choice, Mapping) and self._note_choice(
+                    choice.get("index"),
+                    not choice_fields.issuperset(choice),
+                    choice.get("finish_reason"),
+                ):
                     keep = True
-                reason = choice.get("finish_reason")
-                if reason is not None:
-                    keep = True
-                    self._finish_reason(reason)
             if keep:
                 self.kept.append(payload)
         except Exception:
             report_internal_error("stream.observe_payload")
-
-    def _finish_reason(self, reason: Any) -> None:
-        if len(self.finish_reasons) < MAX_FINISH_REASONS:
-            self.finish_reasons.append(reason)
 
     def _observe_event(self, event: Any) -> bool:
         """A Responses API stream event: kept when it carries a non-standard field
@@ -137,13 +114,36 @@ class StreamObserver:
         if response is not None and self.model is None:
             model = getattr(response, "model", None)
             self.model = model if isinstance(model, str) else None
-        finished = getattr(event, "type", None) in RESPONSES_TERMINAL_EVENTS
-        if event.model_extra or finished:
+        kind = getattr(event, "type", None)
+        if event.model_extra or kind in RESPONSES_TERMINAL_EVENTS:
             self.kept.append(event)
-        reason = RESPONSES_FINISH_REASONS.get(getattr(response, "status", None) or "")
-        if finished and reason is not None:
-            self._finish_reason(reason)
+        self._note_event(kind, getattr(response, "status", None))
         return True
+
+    # -- what both kinds of chunk note --------------------------------------------------
+
+    def _first(self, model: Any) -> None:
+        self.first_at = time.perf_counter()
+        self.model = model if isinstance(model, str) else None
+
+    def _note_choice(self, index: Any, non_standard: bool, reason: Any) -> bool:
+        """One choice of a chunk; True when it carries something adapters read."""
+        if index:
+            self.multi = True
+        if reason is None:
+            return non_standard
+        self._finish_reason(reason)
+        return True
+
+    def _note_event(self, kind: Any, status: Any) -> None:
+        """A Responses API event's finish reason, when it ends the response."""
+        reason = RESPONSES_FINISH_REASONS.get(status) if isinstance(status, str) else None
+        if kind in RESPONSES_TERMINAL_EVENTS and reason is not None:
+            self._finish_reason(reason)
+
+    def _finish_reason(self, reason: Any) -> None:
+        if len(self.finish_reasons) < MAX_FINISH_REASONS:
+            self.finish_reasons.append(reason)
 
     def on_end(self) -> None:
         """The stream was read to its end."""
@@ -176,7 +176,8 @@ class StreamObserver:
 @functools.cache
 def _sdk_fields() -> tuple[frozenset[str], frozenset[str]]:
     """The fields the SDK declares on a stream chunk and on a chunk's choice (chat and text
-    completions): what it would not put in ``model_extra``."""
+    completions): what it would not put in ``model_extra``. Read once, on first use: the
+    ``openai`` package is optional and not imported with this one."""
     from openai.types import Completion, CompletionChoice
     from openai.types.chat import ChatCompletionChunk
     from openai.types.chat.chat_completion_chunk import Choice

@@ -202,6 +202,45 @@ def test_span_carries_the_responses_own_timings(
         assert record["acceptance_histogram"] is None
 
 
+RAW_READS = [("chat", "iter_lines"), ("chat", "iter_text"), ("completions", "iter_bytes")]
+
+
+@pytest.mark.parametrize(("endpoint", "how"), RAW_READS, ids=[f"{e}-{h}" for e, h in RAW_READS])
+def test_a_stream_read_raw_records_the_streams_own_timings(
+    endpoint: str, how: str, llama_server: Any, telemetry: Telemetry
+) -> None:
+    """A gateway's way of reading a stream: ``with_streaming_response`` and the raw SSE
+    through ``iter_lines``/``iter_text``/``iter_bytes``. The caller reads exactly the bytes
+    llama.cpp sent, each span's spec_decode.* equal the ``timings`` in that raw SSE, and the
+    batch reconciles with the server's /metrics: the raw-read path
+    (instrumentation/responses.py, spec_decode_otel/sse.py) against llama.cpp's own SSE
+    framing, not the simulator's."""
+    server = llama_server("noisy")
+    sink = Exchanges()
+    before = server.metrics()
+    read: list[list[Any]] = []
+    with sync_client(server.base_url, sink) as client:
+        for prompt in PROMPTS[:2]:
+            params = _params(endpoint, prompt, stream=True)
+            with _resource(client, endpoint).with_streaming_response.create(**params) as response:
+                read.append(list(getattr(response, how)()))
+
+    raws = sink.take()
+    assert [r.is_sse for r in raws] == [True, True]
+    for pieces, raw in zip(read, raws, strict=True):
+        if how == "iter_lines":
+            assert [line for line in pieces if line] == [
+                line for line in raw.text.splitlines() if line
+            ]
+        else:
+            assert (b"".join(pieces).decode() if how == "iter_bytes" else "".join(pieces)) == (
+                raw.text
+            )
+    _assert_spans_match(telemetry.spans(), raws, ordered=True)
+    drafted, accepted = _assert_totals_reconcile(server, before, telemetry, raws)
+    assert 0 < accepted < drafted, "the noisy draft should be partly accepted"
+
+
 async def test_async_client_spans_carry_each_responses_timings(
     llama_server: Any, telemetry: Telemetry
 ) -> None:

@@ -1,8 +1,8 @@
 """The README's promises, checked: its quick start runs, its reference is complete.
 
 - The quick start's first fenced shell block (install + demo) runs for real in a fresh
-  virtual environment (``--system-site-packages``, so nothing needs downloading), changed
-  only by activating that environment first.
+  virtual environment that sees no other site-packages (so the ``demo`` extra must name
+  everything the demo imports), changed only by activating that environment first.
 - Its second block (the whole test suite) is not run from inside the test suite; instead
   CI's entry point ``.ci/run`` must call exactly that command.
 - Every ``SPEC_DECODE_OTEL_*`` variable and keyword ``Settings.from_env`` reads is in the
@@ -60,7 +60,7 @@ def test_quick_start_commands_are_the_documented_ones() -> None:
 def test_quick_start_demo_runs_in_a_fresh_virtual_environment(tmp_path: Path) -> None:
     demo, _ = quick_start_commands()
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
+    venv.EnvBuilder(system_site_packages=False, with_pip=True).create(env_dir)
     env = {
         key: value
         for key, value in os.environ.items()

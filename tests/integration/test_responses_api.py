@@ -2,8 +2,9 @@
 
 llama.cpp (b11312, PR ggml-org/llama.cpp#25348; checked against that build's
 ``llama-server``) puts root ``timings`` on the ``response.completed`` stream event and
-nothing on a non-streamed response; vLLM 0.33.0 puts root ``metrics`` (timing fields
-only, ``build_per_request_timing_metrics``) on the response. The simulator subprocess
+nothing on a non-streamed response; vLLM 0.33.0 and 0.34.0 put root ``metrics`` (timing
+fields only, ``build_per_request_timing_metrics``; ``responses/serving.py`` is the same file
+in both) on the response. The simulator subprocess
 speaks both; the same adapters read them. Usage comes as ``input_tokens`` /
 ``output_tokens``. In ``auto`` mode a genai-openai Responses span (operation ``chat``)
 is enriched instead of getting a second span.
@@ -105,7 +106,7 @@ def test_the_responses_stream_helper_gives_the_same_record(
 def test_non_streamed_responses_today_carry_no_spec_decode_stats(
     instrumented: Otel, openai_client: openai.OpenAI, simulator_url: str, engine: str
 ) -> None:
-    """vLLM 0.33.0's Responses ``metrics`` holds timing fields only; llama.cpp b11312
+    """vLLM 0.33.0/0.34.0's Responses ``metrics`` holds timing fields only; llama.cpp b11312
     sends no ``timings`` on a non-streamed response. The call still gets its span."""
     kwargs = create_kwargs(engine, 6103, stream=False)
     response = openai_client.responses.create(**kwargs)

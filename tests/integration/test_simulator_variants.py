@@ -105,14 +105,16 @@ def test_zero_step_request(openai_client):
 
 
 def test_vllm_n2_is_null(openai_client):
-    """vLLM 0.33.0 nulls the whole ``metrics`` object for n > 1 (timing fields too)."""
+    """vLLM 0.33.0 and 0.34.0 null the whole ``metrics`` object for n > 1 (timing fields too;
+    0.34.0 ``entrypoints/openai/chat_completion/serving.py``: ``if (request.n or 1) == 1``)."""
     resp = chat(openai_client, n=2)
     assert len(resp.choices) == 2 and extra(resp)["metrics"] is None
     assert record_from_json(dump(resp)) is None
 
 
 def test_vllm_n2_stream_usage_chunk_has_no_metrics(openai_client):
-    """vLLM 0.33.0 dumps the streaming usage chunk with exclude_none: a null ``metrics``
+    """vLLM 0.33.0 and 0.34.0 dump the streaming usage chunk with exclude_none (0.34.0
+    ``chat_completion/serving.py``: ``exclude_none=not chunk.choices``): a null ``metrics``
     is left out."""
     chunks = chat(openai_client, n=2, stream=True, stream_options={"include_usage": True})
     assert chunks[-1].choices == [] and chunks[-1].usage is not None

@@ -223,7 +223,7 @@ def test_mlx_vlm_streams_carry_counters_only_on_the_usage_chunk(
 def test_vllm_n2_nulls_the_whole_metrics_object(
     instrumented: Otel, openai_client: openai.OpenAI, simulator_url: str
 ) -> None:
-    """vLLM 0.33.0: for n > 1 the whole ``metrics`` is null."""
+    """vLLM 0.33.0 and 0.34.0: for n > 1 the whole ``metrics`` is null."""
     kwargs = kwargs_for("vllm", 5108, n=2)
     (response,) = call(openai_client, kwargs)
     assert response.model_extra["metrics"] is None

@@ -451,8 +451,8 @@ def test_a_completed_event_merges_the_event_root_and_the_response_root():
 
 
 def test_a_responses_body_with_vllms_spec_decode_object_is_read():
-    """vLLM 0.33.0 puts the same PerRequestMetrics object on /v1/responses (timing fields
-    only today); once it holds speculative_decoding, the vLLM adapter reads it."""
+    """vLLM 0.33.0 and 0.34.0 put the same PerRequestMetrics object on /v1/responses (timing
+    fields only so far); once it holds speculative_decoding, the vLLM adapter reads it."""
     from openai.types.responses import Response  # openai >= 1.66
 
     body = {

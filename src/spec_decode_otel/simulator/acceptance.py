@@ -150,16 +150,6 @@ def expected_acceptance_length(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def position_acceptance(profile: AcceptanceProfile, k: int) -> list[float]:
-    """P(accepted >= p + 1) for p in 0..k-1: the cumulative product of the alphas."""
-    out: list[float] = []
-    prob = 1.0
-    for p in range(k):
-        prob *= profile.alpha_at(p)
-        out.append(prob)
-    return out
-
-
 def parse_floats(text: str) -> tuple[float, ...]:
     """'0.9,0.8,0.6' -> (0.9, 0.8, 0.6); used by the CLI and the request headers."""
     return tuple(float(x) for x in text.split(",") if x.strip())

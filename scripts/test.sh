@@ -41,6 +41,11 @@ step "venvs of the other OpenAI instrumentations (coexistence matrix; cached)"
 COEXISTENCE_VENVS="$(PYTHON="$PYTHON" bash scripts/install-coexistence-venvs.sh | tail -n 1)"
 export SPEC_DECODE_OTEL_COEXISTENCE_VENVS="$COEXISTENCE_VENVS"
 
+step "LiteLLM proxy venv (the real proxy in front of the simulator; cached)"
+# litellm 1.110.2 and the modules its proxy server imports: see the script for why.
+LITELLM_PROXY="$(PYTHON="$PYTHON" bash scripts/install-litellm-proxy.sh | tail -n 1)"
+export SPEC_DECODE_OTEL_LITELLM_PROXY="$LITELLM_PROXY"
+
 step "ruff"
 "$PYTHON" -m ruff check .
 "$PYTHON" -m ruff format --check .

@@ -15,8 +15,9 @@ Per-request headers:
 - ``x-sim-seed``: makes the request's sample depend on this seed alone
 - ``x-sim-fault``: see ``faults.py``; ``x-sim-delay-ms`` for ``slow`` (default 50)
 - ``x-sim-gateway``: ``litellm-proxy`` answers as LiteLLM's proxy does in front of the
-  engine: each choice's non-standard fields move into ``provider_specific_fields``
-  (root fields stay); non-streaming bodies only
+  engine (``gateways.py``): a chat body's choice fields move into
+  ``provider_specific_fields``, streams are rebuilt without the engine's stats; chat
+  and text completions only
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from starlette.responses import Response, StreamingResponse
 from spec_decode_otel.simulator import faults as F
 from spec_decode_otel.simulator.acceptance import parse_ints
 from spec_decode_otel.simulator.config import ENGINES, LEVELS, SimulatorConfig
+from spec_decode_otel.simulator.gateways import GATEWAYS
 from spec_decode_otel.simulator.plan import choice_rng, count_prompt_tokens, plan_choice
 from spec_decode_otel.simulator.protocol import (
-    JSON,
     SGLANG_STREAM_META_INFO,
     ChatCompletionRequest,
     CompletionRequest,
@@ -57,26 +58,7 @@ HEADER_SEED = "x-sim-seed"
 HEADER_FAULT = "x-sim-fault"
 HEADER_DELAY = "x-sim-delay-ms"
 HEADER_GATEWAY = "x-sim-gateway"
-#: The per-choice fields of OpenAI's chat and completion schemas (LiteLLM keeps these).
-_STANDARD_CHOICE_FIELDS = frozenset(
-    {"index", "message", "delta", "text", "logprobs", "finish_reason"}
-)
 _ID_PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-", "responses": "resp_"}
-
-
-def litellm_proxy(body: JSON) -> JSON:
-    """The body as LiteLLM's proxy returns it: per-choice fields it does not know go into
-    ``choices[i].provider_specific_fields``; root fields (``metrics``, ``sglext``,
-    ``timings``) survive."""
-    choices = []
-    for choice in body.get("choices") or ():
-        moved = {k: v for k, v in choice.items() if k not in _STANDARD_CHOICE_FIELDS}
-        kept = {k: v for k, v in choice.items() if k in _STANDARD_CHOICE_FIELDS}
-        choices.append({**kept, "provider_specific_fields": moved} if moved else kept)
-    return {**body, "choices": choices}
-
-
-GATEWAYS = {"litellm-proxy": litellm_proxy}
 
 
 def dumps(obj: object) -> str:
@@ -200,14 +182,15 @@ async def _sse(
         yield last.encode()
 
 
-def sse_response(plan: RequestPlan, delay: float) -> StreamingResponse:
+def sse_response(plan: RequestPlan, delay: float, gateway: str = "") -> StreamingResponse:
     """Chat and completions: ``data:`` lines, then ``[DONE]``; the Responses API: an
     ``event:`` line before each ``data:`` line, and no ``[DONE]``."""
     if plan.kind == "responses":
         events = (f"event: {e['type']}\ndata: {dumps(e)}\n\n" for e in plan.responses_events())
         body = _sse(events, plan.faults, delay)
     else:
-        chunks = (f"data: {dumps(c)}\n\n" for c in plan.chunks())
+        sent = GATEWAYS[gateway][1](plan.chunks(), plan.kind) if gateway else plan.chunks()
+        chunks = (f"data: {dumps(c)}\n\n" for c in sent)
         body = _sse(chunks, plan.faults, delay, last="data: [DONE]\n\n")
     return StreamingResponse(
         body, media_type="text/event-stream", headers={"cache-control": "no-cache"}
@@ -284,13 +267,13 @@ def create_app(config: SimulatorConfig | None = None) -> FastAPI:
         server_metrics.count(c.generation for c in plan.choices)
         delay = _delay_seconds(request, faults, config)
         if req.stream:
-            return sse_response(plan, delay)
+            return sse_response(plan, delay, gateway)
         if plan.kind == "responses":
             answer = plan.responses_body()
         else:
             answer = plan.response()
             if gateway:
-                answer = GATEWAYS[gateway](answer)
+                answer = GATEWAYS[gateway][0](answer, plan.kind)
         body = dumps(answer).encode()
         if delay:
             await asyncio.sleep(delay)

@@ -1,0 +1,123 @@
+"""Gateways the simulator can answer through (request header ``x-sim-gateway``).
+
+``litellm-proxy``: what the LiteLLM 1.110.2 proxy (``litellm --config``, routes
+``hosted_vllm/`` and ``openai/`` alike) sends its client in front of the engine,
+as observed from the real proxy in front of this simulator
+(tests/integration/test_litellm_proxy.py pins the two against each other):
+
+- a chat body: each choice's non-standard fields move into
+  ``choices[i].provider_specific_fields`` (always present, ``{}`` when nothing moved;
+  a null field moves as null); root fields (``metrics``, ``sglext``, ``timings``)
+  stay, except a null one, which is dropped (vLLM's ``"metrics": null`` for n > 1);
+- a text completion body: choices and root unchanged (fields stay where the engine put
+  them, nulls included); ``usage`` gains ``completion_tokens_details`` and
+  ``prompt_tokens_details`` as null when the engine sent none, and engine-sent details
+  (the smg pair) gain every other field of LiteLLM's model as null;
+- a stream (chat or text completion): every chunk is rebuilt. Root fields other than
+  ``usage`` are dropped (vLLM's ``metrics``, llama.cpp's and mlx-vlm's ``timings``), a
+  chunk left with neither choices nor usage is not sent (SGLang's ``sglext`` chunk; the
+  real proxy sends it as an empty ``{"choices": []}`` on a chat stream that asked for
+  usage: nothing an adapter reads, so not imitated),
+  ``finish_reason`` and ``logprobs`` are sent only when not null, and a choice keeps
+  its non-standard fields only on a chat chunk before the finish chunk (TensorRT-LLM's
+  running ``avg_decoded_tokens_per_iter``): the finish chunk's stats are dropped. The
+  usage chunk keeps the engine's ``completion_tokens_details`` (the smg pair) and adds
+  ``reasoning_tokens``; without them it gets ``reasoning_tokens`` and ``text_tokens``.
+
+Only what an adapter could read is imitated: ids, ``created``, the ``model`` the proxy
+renames to its own model name, and key order are left as the engine's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from spec_decode_otel.simulator.protocol import JSON
+
+LITELLM_PROXY = "litellm-proxy"
+#: The per-choice fields of OpenAI's chat and completion schemas (LiteLLM keeps these).
+_STANDARD_CHOICE_FIELDS = frozenset(
+    {"index", "message", "delta", "text", "logprobs", "finish_reason"}
+)
+#: The root fields of OpenAI's chat and completion bodies and chunks.
+_STANDARD_ROOT_FIELDS = frozenset(
+    {"id", "object", "created", "model", "choices", "usage", "system_fingerprint"}
+)
+_CHUNK_ROOT_FIELDS = ("id", "object", "created", "model")
+#: Every field of LiteLLM's ``CompletionTokensDetails``, null unless the engine sent it.
+_COMPLETION_TOKENS_DETAILS = dict.fromkeys(
+    (
+        "accepted_prediction_tokens",
+        "audio_tokens",
+        "reasoning_tokens",
+        "rejected_prediction_tokens",
+        "text_tokens",
+        "image_tokens",
+        "video_tokens",
+    )
+)
+
+
+def litellm_proxy_body(body: JSON, kind: str) -> JSON:
+    """A non-streamed chat or text completion body as LiteLLM's proxy returns it."""
+    if kind != "chat":
+        usage = body.get("usage")
+        if not isinstance(usage, dict):
+            return body
+        usage = {"completion_tokens_details": None, "prompt_tokens_details": None, **usage}
+        details = usage["completion_tokens_details"]
+        if isinstance(details, dict):
+            usage["completion_tokens_details"] = {**_COMPLETION_TOKENS_DETAILS, **details}
+        return {**body, "usage": usage}
+    choices = []
+    for choice in body.get("choices") or ():
+        kept = {k: v for k, v in choice.items() if k in _STANDARD_CHOICE_FIELDS}
+        moved = {k: v for k, v in choice.items() if k not in _STANDARD_CHOICE_FIELDS}
+        choices.append({**kept, "provider_specific_fields": moved})
+    root = {k: v for k, v in body.items() if k in _STANDARD_ROOT_FIELDS or v is not None}
+    return {**root, "choices": choices}
+
+
+def litellm_proxy_chunks(chunks: Iterable[JSON], kind: str) -> Iterator[JSON]:
+    """A chat or text completion stream as LiteLLM's proxy rebuilds it."""
+    for chunk in chunks:
+        choices = [_stream_choice(c, kind) for c in chunk.get("choices") or ()]
+        usage = chunk.get("usage")
+        if not choices and not usage:
+            continue
+        out: JSON = {k: chunk[k] for k in _CHUNK_ROOT_FIELDS if k in chunk}
+        out["choices"] = choices
+        if usage:
+            out["usage"] = _stream_usage(usage)
+        yield out
+
+
+def _stream_choice(choice: JSON, kind: str) -> JSON:
+    out: JSON = {"index": choice.get("index", 0)}
+    finish = choice.get("finish_reason")
+    if kind == "chat":
+        out["delta"] = choice.get("delta") or {}
+        if finish is None:  # the chunks before the finish chunk keep the engine's extras
+            out.update((k, v) for k, v in choice.items() if k not in _STANDARD_CHOICE_FIELDS)
+    elif finish is None or choice.get("text"):
+        out["text"] = choice.get("text", "")
+    if finish is not None:
+        out["finish_reason"] = finish
+    if choice.get("logprobs") is not None:
+        out["logprobs"] = choice["logprobs"]
+    return out
+
+
+def _stream_usage(usage: JSON) -> JSON:
+    details = usage.get("completion_tokens_details")
+    if isinstance(details, dict) and details:
+        details = {"reasoning_tokens": 0, **details}
+    else:
+        details = {"reasoning_tokens": 0, "text_tokens": usage.get("completion_tokens", 0)}
+    return {**usage, "completion_tokens_details": details}
+
+
+#: name -> (non-streamed body, stream) transforms, each given the request kind.
+GATEWAYS: dict[
+    str, tuple[Callable[[JSON, str], JSON], Callable[[Iterable[JSON], str], Iterator[JSON]]]
+] = {LITELLM_PROXY: (litellm_proxy_body, litellm_proxy_chunks)}

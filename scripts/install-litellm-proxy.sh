@@ -24,6 +24,14 @@
 # mcp, soundfile, uvloop), with the version ranges the `proxy` extra declares for them
 # (redis is not in the extra: the missing `litellm-proxy` must be what brings it).
 #
+# The venv also holds spec-decode-otel's own requirements with the extras an in-proxy
+# set-up uses (`instruments`: openai; `otlp`: the OpenTelemetry SDK and exporters), read
+# from pyproject.toml, so tests/integration/test_litellm_proxy_callback.py can load
+# examples/litellm_proxy/'s callback module inside the proxy. The package itself is not
+# installed: that test puts the work tree's src/ on the proxy's PYTHONPATH, so the proxy
+# runs the code under test, and the cache key (which covers these requirements) changes
+# only when they do.
+#
 # Environment:
 #   SPEC_DECODE_OTEL_CACHE  cache root (default: $HOME/.cache/spec-decode-otel)
 #   PYTHON                  interpreter that creates the venv (default: python3)
@@ -40,9 +48,11 @@ REQUIREMENTS=(
   "semver>=3.0.4,<4" "python-multipart>=0.0.27,<1.0" "expression>=5.6.0,<6.0"
   "fastapi-sso>=0.19.0,<1.0" "mcp>=2.3.0,<3" "soundfile>=0.12.1,<1.0"
 )
+# spec-decode-otel's requirements (core + instruments + otlp), one per line.
+mapfile -t PROJECT_REQUIREMENTS < <("$PYTHON" -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; x = p["optional-dependencies"]; print("\n".join(p["dependencies"] + x["instruments"] + x["otlp"]))')
 log() { printf '[install-litellm-proxy] %s\n' "$*" >&2; }
 
-key="$(printf '%s\n' "$("$PYTHON" -VV)" "${REQUIREMENTS[@]}" | sha256sum | cut -c1-16)"
+key="$(printf '%s\n' "$("$PYTHON" -VV)" "${REQUIREMENTS[@]}" "${PROJECT_REQUIREMENTS[@]}" | sha256sum | cut -c1-16)"
 VENV="${CACHE_ROOT}/litellm-proxy-${key}"
 
 mkdir -p "${CACHE_ROOT}"
@@ -54,13 +64,15 @@ fi
 if [[ -f "${VENV}/.complete" ]]; then
   log "cached: ${VENV}"
 else
-  log "building ${VENV}: ${REQUIREMENTS[*]}"
+  log "building ${VENV}: ${REQUIREMENTS[*]} ${PROJECT_REQUIREMENTS[*]}"
   rm -rf "${VENV}"
   "$PYTHON" -m venv "${VENV}"
-  "${VENV}/bin/python" -m pip install --quiet --disable-pip-version-check "${REQUIREMENTS[@]}"
+  "${VENV}/bin/python" -m pip install --quiet --disable-pip-version-check \
+    "${REQUIREMENTS[@]}" "${PROJECT_REQUIREMENTS[@]}"
   # Fail here, not in the first test, when one of the modules the proxy needs is missing.
   LITELLM_LOCAL_MODEL_COST_MAP=True "${VENV}/bin/python" -c \
     'import litellm.proxy.proxy_server, uvicorn, uvloop, expression, fastapi_sso, mcp, soundfile' >&2
+  "${VENV}/bin/python" -c 'import opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter, opentelemetry.instrumentation.instrumentor, wrapt, pydantic' >&2
   touch "${VENV}/.complete"
 fi
 # Venvs built for another interpreter or version are of no more use.

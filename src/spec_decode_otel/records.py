@@ -10,8 +10,9 @@ spec_decode_otel`` does not import this module::
     tracer_provider.add_span_processor(RecordsFileProcessor("records.jsonl"))
     # or: spec_decode_otel.setup(span_processors=[RecordsFileProcessor("records.jsonl")])
 
-A line is written when the call's span ends (sampled or not: the SDK hands every span
-that records to its processors), so the file is complete at any moment; ``force_flush``
+A line is written and flushed when the call's span ends (sampled or not: the SDK hands
+every span that records to its processors), so the file is complete at any moment, also
+for a server that is read while it runs or stopped without an atexit flush; ``force_flush``
 flushes it and ``shutdown`` closes a file the processor opened.
 """
 
@@ -57,6 +58,10 @@ class RecordsFileProcessor(SpanProcessor):
                 return
             try:
                 self._file.write(line)
+                # On disk now: a server is read while it runs, and may end without
+                # running atexit (uvicorn re-raises SIGTERM), so nothing may wait in
+                # the buffer.
+                self._file.flush()
             except (OSError, ValueError):  # a full disk must not fail the caller's span.end()
                 rate_limited.log(
                     logging.WARNING, "records-file", "could not write a record line", exc_info=True

@@ -58,7 +58,7 @@ from spec_decode_otel.instrumentation.wrapper import (
     Instrumentation,
     _requested_sequences,
 )
-from spec_decode_otel.integrations import SdkMark, current_mark
+from spec_decode_otel.integrations import SdkMark, current_mark, last_sdk_request
 
 #: LiteLLM call types → GenAI operation names. Other calls (embeddings, ...) are not ours.
 OPERATIONS: Mapping[str, str] = {
@@ -239,7 +239,13 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
     def _responded(self, kwargs: Mapping[str, Any]) -> None:
         """LiteLLM logged the provider's response: any openai SDK request of this call has
         started by now, unless the request is deferred (a coroutine or a generator that
-        sends it later), so a later SDK request in this context is another call's."""
+        sends it later), so a later SDK request in this context is another call's.
+
+        LiteLLM logs the response in the context the SDK request ran in, so an SDK
+        request noted here after the call started is this call's. The proxy needs this:
+        it starts a text completion in a worker thread (where the call's mark is set),
+        sends it from the request's task, and reports its end from a context that saw
+        neither."""
         call_id = kwargs.get("litellm_call_id")
         started = _calls.get(call_id) if isinstance(call_id, str) else None
         if started is None:
@@ -251,6 +257,8 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             or inspect.isasyncgen(original)
         )
         if not deferred:
+            if last_sdk_request.get() > started.mark.started:
+                started.mark.via_sdk = True
             started.mark.decided = True
 
     # -- call end -----------------------------------------------------------------------

@@ -1,0 +1,282 @@
+"""spec-decode-otel INSIDE the real LiteLLM proxy: what it records, per route and engine.
+
+One ``litellm --config`` process (LiteLLM 1.110.2, the venv scripts/install-litellm-proxy.sh
+builds, which also holds spec-decode-otel's requirements with the ``otlp`` extra) runs for
+the module with examples/litellm_proxy/ as a user would copy it: its callback module
+unchanged, and its config.yaml with each model entry's ``api_base`` pointed at the
+session simulator, one copy of each entry (route) per engine shape, and a master key.
+The proxy imports the work tree's src/ (PYTHONPATH). The callback module's
+``setup(span_processors=[RecordsFileProcessor(...)])`` writes the records file that is
+read here: one JSON line per call the proxy recorded.
+
+Every call goes through the proxy with plain ``httpx`` (nothing is instrumented in this
+process); the same seeded request sent straight to the simulator gives what the engine
+sent, hence the record an instrumented client of the engine would get.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+import yaml
+from instrumentation_helpers import MODEL, expected_outcome
+from test_litellm_proxy import (
+    ENGINES,
+    SEED,
+    Case,
+    direct,
+    free_port,
+    litellm_executable,
+    model_name,
+    post,
+)
+
+from spec_decode_otel import record_from_json
+from spec_decode_otel.record import SpecDecodeAcceptanceRecord
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "litellm_proxy"
+ROUTES = ("hosted_vllm", "openai")
+#: Shapes measured (each one's engine is in the proxy config): vLLM merged and pre-merge,
+#: SGLang, TensorRT-LLM (and its released mean-only form), llama.cpp, smg's usage pair.
+SHAPES = ("vllm", "vllm-premerge", "sglang", "trtllm", "trtllm-released", "llamacpp", "smg")
+#: Surfaces the proxy's spec_decode_otel log (a handler on its logger, DEBUG) in its log.
+SITECUSTOMIZE = """\
+import logging, sys
+_handler = logging.StreamHandler(sys.stderr)
+_handler.setFormatter(logging.Formatter("SPEC_DECODE_OTEL_LOG %(levelname)s %(message)s"))
+logging.getLogger("spec_decode_otel").addHandler(_handler)
+logging.getLogger("spec_decode_otel").setLevel(logging.DEBUG)
+"""
+
+#: The proxy's flags after the config: loopback, one worker, then the port.
+SERVE = ("--host", "127.0.0.1", "--num_workers", "1", "--port")
+
+__all__ = ["litellm_executable"]  # the fixture, shared with test_litellm_proxy.py
+
+
+# --------------------------------------------------------------------------- the proxy
+
+
+@dataclass
+class Proxy:
+    base_url: str
+    key: str
+    records: Path
+    log: Path
+    #: Rows the calls so far must have given.
+    given: int = 0
+
+    def rows(self) -> list[dict[str, Any]]:
+        text = self.records.read_text() if self.records.exists() else ""
+        return [json.loads(line) for line in text.splitlines()]
+
+    def call(self, case: Case, records: int) -> list[dict[str, Any]]:
+        """One call through the proxy; then the ``records`` rows it gave (waits for them:
+        the callback's span ends in LiteLLM's logging task, after the answer). A row
+        more than expected shows up as the next call's check fails, or the last test's."""
+        assert len(self.rows()) == self.given, "an earlier call gave more records"
+        body = {**case.body(), "model": model_name(case.route, case.engine)}
+        post(self.base_url + case.path(), body, {"authorization": f"Bearer {self.key}"})
+        self.given += records
+        deadline = time.monotonic() + 15
+        while len(rows := self.rows()) < self.given:
+            assert time.monotonic() < deadline, "no record for the call:\n" + self.log_text()
+            time.sleep(0.02)
+        return rows[self.given - records :]
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def example_config(simulator_url: str, key: str) -> dict[str, Any]:
+    """examples/litellm_proxy/config.yaml with each entry copied per engine shape, its
+    ``api_base`` the simulator's, and ``extra_headers`` naming the shape and seed."""
+    config = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    templates = {e["litellm_params"]["model"].split("/")[0]: e for e in config["model_list"]}
+    assert sorted(templates) == sorted(ROUTES)
+    config["model_list"] = [
+        {
+            "model_name": model_name(route, engine),
+            "litellm_params": {
+                **template["litellm_params"],
+                "model": f"{route}/{MODEL}",
+                "api_base": simulator_url,
+                "extra_headers": {"x-spec-decode-engine": engine, "x-sim-seed": str(SEED)},
+            },
+        }
+        for route, template in templates.items()
+        for engine in ENGINES
+    ]
+    config.setdefault("general_settings", {})["master_key"] = key
+    return config
+
+
+@pytest.fixture(scope="module")
+def proxy(
+    simulator_url: str, litellm_executable: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Proxy]:
+    """The proxy with the example's callback module, on a free loopback port."""
+    workdir = tmp_path_factory.mktemp("litellm-proxy-callback")
+    key = "sk-" + secrets.token_hex(32)
+    for path in EXAMPLE.iterdir():
+        if path.suffix == ".py":
+            shutil.copy(path, workdir / path.name)
+    (workdir / "config.yaml").write_text(yaml.safe_dump(example_config(simulator_url, key)))
+    hooks = workdir / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_")) and k not in ("DATABASE_URL",)
+    }
+    env["PYTHONPATH"] = os.pathsep.join((str(REPO / "src"), str(hooks)))
+    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    env["SPEC_DECODE_RECORDS_FILE"] = str(workdir / "records.jsonl")
+    port = free_port()
+    log_path = workdir / "proxy.log"
+    log = log_path.open("w+")
+    proc = subprocess.Popen(
+        [str(litellm_executable), "--config", str(workdir / "config.yaml"), *SERVE, str(port)],
+        cwd=workdir,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, "the proxy exited:\n" + log_path.read_text()
+            try:
+                if httpx.get(base + "/health/readiness", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the proxy was not ready in 120 s"
+            time.sleep(0.25)
+        yield Proxy(base + "/v1", key, workdir / "records.jsonl", log_path)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(15)
+        log.close()
+
+
+# --------------------------------------------------------------------------- the calls
+
+
+def cases() -> list[Case]:
+    return [
+        Case(route, shape, api, stream)
+        for route in ROUTES
+        for shape in SHAPES
+        for api in ("chat", "completions")
+        for stream in (False, True)
+    ]
+
+
+def case_id(case: Case) -> str:
+    return f"{case.route}-{case.shape}-{case.api}-{'sse' if case.stream else 'json'}"
+
+
+def as_recorded(record: SpecDecodeAcceptanceRecord | None) -> dict[str, Any] | None:
+    """The record's JSON as the records file gives it: per-step lists only go on the
+    span with ``record_per_step`` (off by default)."""
+    if record is None:
+        return None
+    return record.model_copy(
+        update={"per_step_accepted": None, "per_step_drafted": None}
+    ).model_dump(mode="json")
+
+
+def expected_rows(case: Case, engine: SpecDecodeAcceptanceRecord) -> list[dict[str, Any]]:
+    """(outcome, record) of each row the call gives, as observed with LiteLLM 1.110.2.
+
+    - Not streamed, every route and API: one row, the engine's record.
+    - ``openai/`` chat streams: one row, the engine's record (the openai wrapper read the
+      engine's stream inside the proxy, before the proxy rebuilt it).
+    - ``hosted_vllm/`` chat streams: one row from the callback, ``no_stats`` (LiteLLM's
+      handler rebuilt the chunks), except smg's usage pair, which survives.
+    - Text completion streams (both routes: LiteLLM sends every text completion through
+      the openai SDK): TWO rows, the openai wrapper's (the engine's record) and the
+      callback's (``no_stats``; smg: the record again). The proxy starts a text
+      completion in a worker thread and reads its stream in other asyncio tasks, so the
+      callback cannot tell that the openai wrapper recorded it.
+    """
+    kept = {"outcome": expected_outcome(engine), "record": as_recorded(engine)}
+    lost = {"outcome": "no_stats", "record": None} if case.shape != "smg" else kept
+    if not case.stream:
+        return [kept]
+    if case.api == "completions":
+        return [kept, lost]
+    return [kept] if case.route == "openai" else [lost]
+
+
+@pytest.mark.parametrize("case", cases(), ids=case_id)
+def test_in_proxy_records(case: Case, proxy: Proxy, simulator_url: str) -> None:
+    """LiteLLM 1.110.2 proxy, real process, spec-decode-otel inside it as
+    examples/litellm_proxy/ sets it up: each call's rows in the records file (see
+    :func:`expected_rows`), against the engine's direct answer to the same seeded
+    request."""
+    engine = record_from_json(direct(simulator_url, case), case.body())
+    assert engine is not None
+    expected = expected_rows(case, engine)
+    rows = proxy.call(case, len(expected))
+    host, port = urlsplit(simulator_url).hostname, urlsplit(simulator_url).port
+    for row in rows:
+        assert (row["model"], row["server"]) == (MODEL, f"{host}:{port}")
+        assert row["trace_id"] and row["span_id"]
+    assert sorted(
+        ({"outcome": r["outcome"], "record": r["record"]} for r in rows), key=str
+    ) == sorted(expected, key=str)
+
+
+def test_no_stray_record_and_no_internal_error(proxy: Proxy) -> None:
+    """After the calls above: no late extra row, no internal error of spec_decode_otel in
+    the proxy's log (its logger is shown there at DEBUG), and the hint that
+    ``hosted_vllm/`` streams lose their stats was logged."""
+    time.sleep(1.0)
+    assert len(proxy.rows()) == proxy.given
+    log = proxy.log_text()
+    ours = [line for line in log.splitlines() if line.startswith("SPEC_DECODE_OTEL_LOG")]
+    assert not [line for line in ours if "internal error" in line], log
+    if proxy.given:
+        assert any("LiteLLM rebuilds the chunks" in line for line in ours), log
+
+
+def test_a_record_line_is_on_disk_when_the_span_ends(tmp_path: Path) -> None:
+    """A long-running process (the proxy) is read while it runs, and uvicorn ends it on
+    SIGTERM by re-raising the signal, so no atexit flush ever runs: each line must reach
+    the file when its span ends. (Before the fix the lines sat in the file's buffer: the
+    proxy's records file stayed empty, even after the proxy stopped.)"""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from spec_decode_otel.records import RecordsFileProcessor
+
+    path = tmp_path / "records.jsonl"
+    provider = TracerProvider()
+    provider.add_span_processor(RecordsFileProcessor(path))
+    try:
+        with provider.get_tracer("test").start_as_current_span("chat m") as span:
+            span.set_attribute("spec_decode.outcome", "no_stats")
+        (row,) = [json.loads(line) for line in path.read_text().splitlines()]
+        assert row["outcome"] == "no_stats" and row["record"] is None
+    finally:
+        provider.shutdown()

@@ -47,6 +47,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from installed import built_by
 from otlp_values import otlp_attributes
 from spec_decode_otel.instrumentation.coexistence import FOREIGN_SCOPES
 from spec_decode_otel.telemetry import SCOPE_NAME
@@ -304,18 +305,7 @@ class Matrix:
 def coexistence_venvs() -> Path:
     """The venvs of the instrumentations the test environment cannot hold; scripts/test.sh
     builds them (cached) and exports their directory; a bare pytest run builds them here."""
-    given = os.environ.get("SPEC_DECODE_OTEL_COEXISTENCE_VENVS")
-    if given:
-        return Path(given)
-    done = subprocess.run(
-        ["bash", str(REPO / "scripts" / "install-coexistence-venvs.sh")],
-        env={**os.environ, "PYTHON": sys.executable},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return Path(done.stdout.strip().splitlines()[-1])
+    return built_by("install-coexistence-venvs.sh", "SPEC_DECODE_OTEL_COEXISTENCE_VENVS")
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,11 @@ sample). Each test names what the real proxy was seen to do.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,6 +43,7 @@ from instrumentation_helpers import (
     spec_decode_attributes,
 )
 
+from installed import built_by
 from spec_decode_otel import record_from_json
 from spec_decode_otel.payloads import parse_payloads
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
@@ -102,22 +103,9 @@ class Proxy:
 def litellm_executable() -> Path:
     """The proxy venv's ``litellm``: scripts/test.sh builds it (cached) and exports its
     path; a bare pytest run builds it here. Never skipped."""
-    given = os.environ.get(ENV_PROXY)
-    if given:
-        path = Path(given)
-        assert path.is_file() and os.access(path, os.X_OK), (
-            f"{ENV_PROXY}={given!r} is not an executable file: {INSTALL_HINT}"
-        )
-        return path
-    done = subprocess.run(
-        ["bash", str(REPO / "scripts" / "install-litellm-proxy.sh")],
-        env={**os.environ, "PYTHON": sys.executable},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, f"{INSTALL_HINT}\n{done.stderr[-3000:]}"
-    return Path(done.stdout.strip().splitlines()[-1])
+    path = built_by("install-litellm-proxy.sh", ENV_PROXY)
+    assert path.is_file() and os.access(path, os.X_OK), f"{path} is not executable: {INSTALL_HINT}"
+    return path
 
 
 def model_name(route: str, engine: str) -> str:
@@ -157,13 +145,24 @@ def litellm_proxy(
     key = "sk-" + secrets.token_hex(32)
     config = workdir / "config.yaml"
     config.write_text(yaml.safe_dump(proxy_config(simulator_url, key)))
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DATABASE_URL")}
     env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # no attempt to fetch the price list
-    args = ["--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
-    log = (workdir / "proxy.log").open("w+")
+    with running_proxy(litellm_executable, config, env) as base:
+        yield Proxy(base + "/v1", key)
+
+
+@contextlib.contextmanager
+def running_proxy(executable: Path, config: Path, env: dict[str, str]) -> Iterator[str]:
+    """``litellm --config`` on a free loopback port with one worker, run in the config's
+    directory (its log: ``proxy.log`` there); yields its base URL once
+    ``/health/readiness`` answers 200, and stops it afterwards."""
+    workdir = config.parent
+    port = free_port()
+    serve = ["--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
+    log_path = workdir / "proxy.log"
+    log = log_path.open("w+")
     proc = subprocess.Popen(
-        [str(litellm_executable), *args, "--num_workers", "1"],
+        [str(executable), "--config", str(config), *serve],
         cwd=workdir,
         env=env,
         stdout=log,
@@ -173,7 +172,7 @@ def litellm_proxy(
     try:
         deadline = time.monotonic() + 120
         while True:
-            assert proc.poll() is None, "the proxy exited:\n" + (workdir / "proxy.log").read_text()
+            assert proc.poll() is None, "the proxy exited:\n" + log_path.read_text()
             try:
                 if httpx.get(base + "/health/readiness", timeout=2).status_code == 200:
                     break
@@ -181,7 +180,7 @@ def litellm_proxy(
                 pass
             assert time.monotonic() < deadline, "the proxy was not ready in 120 s"
             time.sleep(0.25)
-        yield Proxy(base + "/v1", key)
+        yield base
     finally:
         proc.terminate()
         try:

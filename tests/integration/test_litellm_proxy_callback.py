@@ -20,7 +20,6 @@ import json
 import os
 import secrets
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import pytest
 import yaml
 from instrumentation_helpers import MODEL, expected_outcome
@@ -37,10 +35,10 @@ from test_litellm_proxy import (
     SEED,
     Case,
     direct,
-    free_port,
     litellm_executable,
     model_name,
     post,
+    running_proxy,
 )
 
 from spec_decode_otel import record_from_json
@@ -62,7 +60,6 @@ logging.getLogger("spec_decode_otel").setLevel(logging.DEBUG)
 """
 
 #: The proxy's flags after the config: loopback, one worker, then the port.
-SERVE = ("--host", "127.0.0.1", "--num_workers", "1", "--port")
 
 __all__ = ["litellm_executable"]  # the fixture, shared with test_litellm_proxy.py
 
@@ -146,37 +143,8 @@ def proxy(
     env["PYTHONPATH"] = os.pathsep.join((str(REPO / "src"), str(hooks)))
     env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
     env["SPEC_DECODE_RECORDS_FILE"] = str(workdir / "records.jsonl")
-    port = free_port()
-    log_path = workdir / "proxy.log"
-    log = log_path.open("w+")
-    proc = subprocess.Popen(
-        [str(litellm_executable), "--config", str(workdir / "config.yaml"), *SERVE, str(port)],
-        cwd=workdir,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, "the proxy exited:\n" + log_path.read_text()
-            try:
-                if httpx.get(base + "/health/readiness", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the proxy was not ready in 120 s"
-            time.sleep(0.25)
-        yield Proxy(base + "/v1", key, workdir / "records.jsonl", log_path)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(15)
-        log.close()
+    with running_proxy(litellm_executable, workdir / "config.yaml", env) as base:
+        yield Proxy(base + "/v1", key, workdir / "records.jsonl", workdir / "proxy.log")
 
 
 # --------------------------------------------------------------------------- the calls

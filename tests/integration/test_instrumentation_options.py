@@ -258,6 +258,40 @@ async def test_injected_include_usage_is_invisible_to_the_user(
     assert "stream_options" not in log.last[1]
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_calls_inside_suppress_instrumentation_are_neither_recorded_nor_amended(
+    mode: str, otel: Otel, wire: Any, async_wire: Any
+) -> None:
+    """``suppress_instrumentation()`` is every OpenTelemetry instrumentation's off switch
+    for a block of code (opentelemetry-instrumentation's ``is_instrumentation_enabled``;
+    the SDK's exporters and many applications' health checks use it). Inside it a call
+    gets no span and no count, and goes out exactly as the user made it: no
+    ``include_usage`` or ``traceparent`` added even when those options are on."""
+    from opentelemetry.instrumentation.utils import suppress_instrumentation
+
+    client, log = wire if mode == "sync" else async_wire
+
+    async def read(kwargs: dict[str, Any]) -> list[Any]:
+        if mode == "sync":
+            return call_sync(client, "chat", kwargs)
+        return await call_async(client, "chat", kwargs)
+
+    bare = await read(vllm_stream(103))
+    otel.instrument(inject_include_usage=True, inject_traceparent=True)
+    with suppress_instrumentation():
+        suppressed = await read(vllm_stream(103))
+        await read({**vllm_stream(104), "stream": False})
+    headers, body = log.last
+    assert "stream_options" not in body and "traceparent" not in headers
+    assert dumps_without_volatile(suppressed) == dumps_without_volatile(bare)
+    assert otel.spans() == []
+    assert otel.points(otel.metrics(), "spec_decode.requests") == []
+
+    await read(vllm_stream(105))  # outside the block: recorded again
+    assert otel.only_span().attributes["spec_decode.outcome"] == "recorded"
+    assert "traceparent" in log.last[0]
+
+
 @pytest.mark.parametrize("include_usage", [True, False])
 def test_an_explicit_include_usage_is_respected(include_usage: bool, otel: Otel, wire: Any) -> None:
     client, log = wire

@@ -431,6 +431,37 @@ async def test_n_greater_than_one_gives_a_span_without_a_record(
     assert requests_by_outcome(otel) == {"multi_sequence": 1}
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("provider", ["hosted_vllm", "openai"])
+async def test_calls_inside_suppress_instrumentation_get_no_span(
+    provider: str, mode: str, otel: Otel, simulator_url: str
+) -> None:
+    """``suppress_instrumentation()`` switches the LiteLLM callback off for its block as
+    it does the openai wrapper, on LiteLLM's own handler (``hosted_vllm/``) and on a
+    route through the SDK (``openai/``): LiteLLM reports the call's start in the caller's
+    context, and a call not started there is never recorded when LiteLLM reports its end
+    (from a thread pool or a task of its own)."""
+    from opentelemetry.instrumentation.utils import suppress_instrumentation
+
+    otel.instrument()
+    hidden = request_kwargs("vllm", "chat", False, seed_for("suppressed", provider, mode))
+    seen = request_kwargs("vllm", "chat", False, seed_for("not suppressed", provider, mode))
+    with suppress_instrumentation():
+        (response,) = await call("chat", mode, litellm_kwargs(provider, hidden, simulator_url))
+    assert response.choices[0].message.content
+    await call("chat", mode, litellm_kwargs(provider, seen, simulator_url))
+
+    # LiteLLM reports the two calls' ends in order: a record of the first would be here.
+    (span,) = await settled_spans(otel)
+    record = spec_decode_otel.record_from_json(expected_payload(simulator_url, span, seen))
+    assert record is not None
+    assert record != spec_decode_otel.record_from_json(
+        expected_payload(simulator_url, span, hidden)
+    )
+    check_span(span, simulator_url, record, "chat")
+    assert requests_by_outcome(otel) == {"recorded": 1}
+
+
 @pytest.mark.parametrize("provider", ["hosted_vllm", "openai"])
 async def test_with_litellm_opentelemetry_callback_its_span_and_ours(
     provider: str, otel: Otel, simulator_url: str

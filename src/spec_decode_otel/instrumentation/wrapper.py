@@ -19,6 +19,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -83,10 +84,11 @@ class Instrumentation:
 
     def start(self, client: Any, options: Any) -> tuple[Call, Any, bool] | None:
         """A Call for ``options`` if the endpoint is ours, the options to send (amended
-        on a copy), and whether we injected ``include_usage``. None for other endpoints.
-        Never raises."""
+        on a copy), and whether we injected ``include_usage``. None for other endpoints,
+        and inside ``suppress_instrumentation()`` (every OpenTelemetry instrumentation's
+        off switch for a block of code). Never raises."""
         try:
-            if str(options.method).lower() != "post":
+            if not is_instrumentation_enabled() or str(options.method).lower() != "post":
                 return None
             operation = OPERATIONS.get(options.url)
             body = options.json_data

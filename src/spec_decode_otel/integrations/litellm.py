@@ -49,6 +49,7 @@ import wrapt
 from litellm.integrations.custom_logger import CustomLogger
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
 from spec_decode_otel._attributes import current_attributes
 from spec_decode_otel._logging import report_internal_error, warn_once
@@ -215,8 +216,8 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         request of the call is made too (even a stream's, made when it is first read).
         """
         call_id = kwargs.get("litellm_call_id")
-        if not self._enabled or not isinstance(call_id, str):
-            return
+        if not self._enabled or not isinstance(call_id, str) or not is_instrumentation_enabled():
+            return  # a call inside suppress_instrumentation() is never started, so never ends
         if kwargs.get("call_type") not in OPERATIONS:
             return
 

@@ -41,6 +41,7 @@ from opentelemetry.trace import StatusCode
 from reliability_helpers import API_KEY, Otel, instrumented
 
 from spec_decode_otel import SpecDecodeInstrumentor, instrument_client
+from spec_decode_otel.instrumentation.call import MAX_SERVER_TEXT
 from spec_decode_otel.record import MAX_SPEC_TOKENS
 from spec_decode_otel.telemetry import (
     ERROR_TYPE,
@@ -421,6 +422,58 @@ def test_unknown_values_are_left_out_of_metric_attributes(
     (requests,) = otel.points(M_REQUESTS)
     assert dict(requests.attributes)[SD_OUTCOME] == "no_stats"
     assert dict(requests.attributes)["gen_ai.request.model"] == "m"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_a_server_sent_name_too_long_to_be_one_is_left_out(
+    stream: bool, server: LoopbackServer, otel: Otel
+) -> None:
+    """A server's ``model`` and ``finish_reason`` go on the span and (the model) into a
+    metric series: a megabyte-long one would ride on every span and stay in the meter
+    for good. Past ``MAX_SERVER_TEXT`` characters each is left out as unknown (a cut
+    name would be one the server never sent), while the call keeps its record; a name
+    of exactly the limit is kept."""
+    stats = {
+        "acceptance_histogram": {"0": 1, "2": 1},
+        "num_spec_steps": 2,
+        "num_accepted_draft_tokens": 2,
+        "num_draft_tokens": 4,
+    }
+    too_long, longest = "m" * 1_000_000, "x" * MAX_SERVER_TEXT
+    client = client_for(server)
+    try:
+        with instrumented(otel, genai_metrics=True):
+            for model, reason in ((too_long, "r" * (MAX_SERVER_TEXT + 1)), (longest, "stop")):
+                if stream:
+                    body = stream_with(stats).replace(
+                        b'"model": "m"', f'"model": "{model}"'.encode()
+                    )
+                    body = body.replace(
+                        b'"finish_reason": "stop"', f'"finish_reason": "{reason}"'.encode()
+                    )
+                else:
+                    body = chat_body(
+                        {"speculative_decoding_stats": stats, "finish_reason": reason}, model=model
+                    )
+                server.reply(body)
+                read(client, stream)
+    finally:
+        client.close()
+    hidden, kept = otel.spans()
+    assert GEN_AI_RESPONSE_MODEL not in hidden.attributes
+    assert "gen_ai.response.finish_reasons" not in hidden.attributes
+    assert hidden.attributes[SD_OUTCOME] == "recorded"
+    assert hidden.attributes[SD_NUM_SPEC_STEPS] == 2
+    assert kept.attributes[GEN_AI_RESPONSE_MODEL] == longest
+    assert kept.attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    models = {
+        dict(point.attributes).get(GEN_AI_RESPONSE_MODEL)
+        for rm in otel.reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        for point in metric.data.data_points
+    }
+    assert models == {None, longest}
 
 
 def test_the_package_logger_has_a_null_handler() -> None:

@@ -39,6 +39,10 @@ from spec_decode_otel.telemetry import (
 
 #: Finish reasons put on a span at most (one per sequence; a server may send thousands).
 MAX_FINISH_REASONS = 16
+#: Longest model name or finish reason taken from a server. A longer one is left out, as
+#: unknown: cut short it would be a name the server never sent, and whole it would put
+#: however much the server sent on every span and in a metric series.
+MAX_SERVER_TEXT = 256
 
 
 @dataclass(frozen=True)
@@ -210,9 +214,7 @@ class Call:
                 output_tokens = _field(usage, "output_tokens")
         input_tokens = input_tokens if _is_count(input_tokens) else None
         output_tokens = output_tokens if _is_count(output_tokens) else None
-        response_model = (
-            response_model if isinstance(response_model, str) and response_model else None
-        )
+        response_model = response_model if _is_short_text(response_model) else None
 
         detection = self._detect(responses, multi_sequence)
         outcome = detection.outcome
@@ -235,7 +237,7 @@ class Call:
                 attrs[GEN_AI_USAGE_INPUT_TOKENS] = input_tokens
             if output_tokens is not None:
                 attrs[GEN_AI_USAGE_OUTPUT_TOKENS] = output_tokens
-            reasons = [r for r in finish_reasons if isinstance(r, str)]
+            reasons = [r for r in finish_reasons if _is_short_text(r)]
             if reasons:
                 attrs[GEN_AI_RESPONSE_FINISH_REASONS] = reasons
             if error_type is not None:
@@ -321,6 +323,10 @@ def _chunk_usage(chunk: Any) -> Any:
         response = _field(chunk, "response")
         usage = None if response is None else _field(response, "usage")
     return usage
+
+
+def _is_short_text(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_SERVER_TEXT
 
 
 def _is_count(value: Any) -> bool:

@@ -48,7 +48,7 @@ from spec_decode_otel.simulator.protocol import (
     SimulatorError,
     error_body,
 )
-from spec_decode_otel.simulator.render import TIMINGS_FAMILY, RequestPlan
+from spec_decode_otel.simulator.render import SGLANG_RELEASE, TIMINGS_FAMILY, RequestPlan
 from spec_decode_otel.simulator.server_metrics import CONTENT_TYPE, ServerMetrics
 
 HEADER_ENGINE = "x-spec-decode-engine"
@@ -75,6 +75,14 @@ def json_response(
 
 def _header(request: Request, name: str, default: str = "") -> str:
     return (request.headers.get(name) or default).strip().lower()
+
+
+def request_id(engine: str, kind: str) -> str:
+    """SGLang 0.5.23 answers with the bare request id its ``GenerateReqInput`` made
+    (``uuid.uuid4().hex``, ``managers/io_struct.py``): no ``chatcmpl-``/``cmpl-`` prefix."""
+    if engine in SGLANG_RELEASE and kind != "responses":
+        return uuid.uuid4().hex
+    return _ID_PREFIX[kind] + uuid.uuid4().hex
 
 
 def wants_meta_info(engine: str, req: OpenAIRequest) -> bool:
@@ -131,7 +139,7 @@ class Simulator:
             level=level,
             profile=profile,
             model=req.model,
-            request_id=_ID_PREFIX[req.KIND] + uuid.uuid4().hex,
+            request_id=request_id(engine, req.KIND),
             created=int(time.time()),
             prompt_tokens=sum(count_prompt_tokens(p) for p in prompts),
             choices=choices,

@@ -26,6 +26,9 @@ FILLER: tuple[str, ...] = (
 
 _WORDISH = re.compile(r"\w+|[^\w\s]")
 
+#: The token id a natural stop matched (the simulated model's EOS).
+EOS_TOKEN_ID = 2
+
 
 @dataclass
 class ChoicePlan:
@@ -36,6 +39,9 @@ class ChoicePlan:
     generation: Generation
     pieces: list[str]
     finish_reason: str
+    #: What ended the sequence, as SGLang's ``matched_stop`` says it: the stop string, the
+    #: EOS token id for a natural stop, None when the token limit did.
+    matched_stop: str | int | None = None
 
     @property
     def text(self) -> str:
@@ -64,30 +70,30 @@ def count_prompt_tokens(value: object) -> int:
     return 0
 
 
-def _stop_cut(tokens: list[str], stops: Sequence[str]) -> tuple[int, int] | None:
-    """Earliest stop-string match as (tokens kept, visible chars), or None.
+def _stop_cut(tokens: list[str], stops: Sequence[str]) -> tuple[int, int, str] | None:
+    """Earliest stop-string match as (tokens kept, visible chars, the stop), or None.
 
     Kept tokens run up to and including the one that completed the match (an engine
     generates that token before it can see the match); the visible text ends where the
     stop string starts, as OpenAI-compatible servers return it.
     """
     text = "".join(tokens)
-    best: tuple[int, int] | None = None  # (match end, match start)
+    best: tuple[int, int, str] | None = None  # (match end, match start, stop)
     for stop in stops:
         if not stop:
             continue
         pos = text.find(stop)
         if pos >= 0 and (best is None or pos + len(stop) < best[0]):
-            best = (pos + len(stop), pos)
+            best = (pos + len(stop), pos, stop)
     if best is None:
         return None
-    end, start = best
+    end, start, stop = best
     consumed = 0
     for i, tok in enumerate(tokens):
         consumed += len(tok)
         if consumed >= end:
-            return i + 1, start
-    return len(tokens), start  # pragma: no cover - end is always inside the text
+            return i + 1, start, stop
+    return len(tokens), start, stop  # pragma: no cover - end is always inside the text
 
 
 def plan_choice(
@@ -105,9 +111,10 @@ def plan_choice(
     words = [rng.choice(FILLER) for _ in range(limit)]
     tokens = [w.capitalize() if i == 0 else " " + w for i, w in enumerate(words)]
     visible = None
+    matched: str | int | None = EOS_TOKEN_ID if finish == "stop" else None
     cut = _stop_cut(tokens, stops)
     if cut is not None:
-        limit, visible = cut
+        limit, visible, matched = cut
         finish = "stop"
     gen = generate(rng, profile, limit)
     text = "".join(tokens[:limit])
@@ -123,7 +130,9 @@ def plan_choice(
         end_char = min(len(text), start_char + sum(len(t) for t in tokens[start_tok:end_tok]))
         pieces.append(text[start_char:end_char])
         start_tok, start_char = end_tok, end_char
-    return ChoicePlan(index=index, generation=gen, pieces=pieces, finish_reason=finish)
+    return ChoicePlan(
+        index=index, generation=gen, pieces=pieces, finish_reason=finish, matched_stop=matched
+    )
 
 
 def choice_rng(seed: int, request_no: int, index: int) -> random.Random:

@@ -21,6 +21,10 @@ from spec_decode_otel.simulator.protocol import JSON, Kind
 
 #: Engines answering with SGLang's field family (``sglext``, ``meta_info``).
 SGLANG_FAMILY = frozenset({"sglang", "sglang-no-histogram", "tokenspeed"})
+#: Engines whose OpenAI layer is SGLang 0.5.23's own, field for field (``protocol.py``,
+#: ``serving_chat.py``, ``serving_completions.py``, ``sse_utils.py``); TokenSpeed's
+#: bodies are not verified against a release and keep the generic OpenAI fields.
+SGLANG_RELEASE = frozenset({"sglang", "sglang-no-histogram"})
 #: Engines answering with llama.cpp's root ``timings``.
 TIMINGS_FAMILY = frozenset({"llamacpp", "mlx-vlm"})
 #: Engines sending ``avg_decoded_tokens_per_iter`` on every choice.
@@ -49,8 +53,22 @@ class RequestPlan:
     def single(self) -> bool:
         return len(self.choices) == 1
 
+    @property
+    def sglang(self) -> bool:
+        """Whether to answer exactly as the SGLang release does."""
+        return self.engine in SGLANG_RELEASE
+
     def usage(self) -> JSON:
         completion = sum(c.completion_tokens for c in self.choices)
+        if self.sglang:  # SGLang's UsageInfo, every field dumped
+            return {
+                "prompt_tokens": self.prompt_tokens,
+                "total_tokens": self.prompt_tokens + completion,
+                "completion_tokens": completion,
+                "prompt_tokens_details": None,
+                "reasoning_tokens": 0,
+                "completion_tokens_details": None,
+            }
         usage: JSON = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
@@ -77,14 +95,21 @@ class RequestPlan:
         return out
 
     def sglext(self) -> JSON | None:
-        if not self.sglang_details or self.engine not in ("sglang", "sglang-no-histogram"):
+        """SGLang 0.5.23 builds one details object per sequence that ran a verify step
+        (``spec_tokens_details_from_meta_info`` gives None without the spec keys) and
+        sends no ``sglext`` at all when none did."""
+        if not self.sglang_details or not self.sglang:
             return None
         details = []
         for c in self.choices:
+            if c.generation.num_spec_steps == 0:
+                continue
             d = shapes.sglang_details(c.generation, self.profile, histogram=self.engine == "sglang")
             F.corrupt_stats(d, "sglang", self.faults)
             details.append(d)
-        return {"spec_tokens_details": details[0] if self.single else details}
+        if not details:
+            return None
+        return {"spec_tokens_details": details if len(self.choices) > 1 else details[0]}
 
     def llamacpp_timings(self) -> JSON:
         timings = shapes.llamacpp_timings(
@@ -124,6 +149,7 @@ class RequestPlan:
                 choice.finish_reason,
                 self.prompt_tokens,
                 self.engine,
+                choice.matched_stop,
             )
             F.corrupt_stats(meta, "sglang", self.faults)
             return {"meta_info": meta}
@@ -135,6 +161,8 @@ class RequestPlan:
         self, c: ChoicePlan, steps: int, key: str, content: object, finish: str | None
     ) -> JSON:
         choice = {"index": c.index, key: content, "logprobs": None, "finish_reason": finish}
+        if self.sglang:
+            choice["matched_stop"] = c.matched_stop if finish else None
         return {**choice, **self.trtllm_average(c, steps)}
 
     def response(self) -> JSON:
@@ -143,7 +171,9 @@ class RequestPlan:
         for c in self.choices:
             steps = c.generation.num_spec_steps
             if self.kind == "chat":
-                message = {"role": "assistant", "content": c.text}
+                message: JSON = {"role": "assistant", "content": c.text}
+                if self.sglang:
+                    message["reasoning_content"] = None
                 choice = self._choice(c, steps, "message", message, c.finish_reason)
             else:
                 choice = self._choice(c, steps, "text", c.text, c.finish_reason)
@@ -155,8 +185,11 @@ class RequestPlan:
             "model": self.model,
             "choices": choices,
             "usage": self.usage(),
-            "system_fingerprint": None,
         }
+        if self.sglang:  # no system_fingerprint field; the weight version instead
+            out["metadata"] = {"weight_version": shapes.SGLANG_WEIGHT_VERSION}
+        else:
+            out["system_fingerprint"] = None
         if self.engine == "vllm":
             out["metrics"] = self.vllm_metrics()
         elif self.engine in SGLANG_FAMILY:
@@ -178,14 +211,21 @@ class RequestPlan:
         }
 
     def _delta(self, c: ChoicePlan, step: int, delta: JSON, finish: str | None = None) -> JSON:
-        """A stream choice once ``step`` verify steps are done (completions: the text)."""
+        """A stream choice once ``step`` verify steps are done (completions: the text).
+        SGLang's chat deltas always carry ``reasoning_content`` (``sse_utils.StreamDelta``
+        has no default for it, so msgspec never omits it)."""
         if self.kind == "chat":
+            if self.sglang:
+                delta = {"reasoning_content": None, **delta}
             return self._choice(c, step, "delta", delta, finish)
         return self._choice(c, step, "text", delta.get("content", ""), finish)
 
     def chunks(self) -> Iterator[JSON]:
         """The stream, chunk by chunk: role, one content chunk per verify step (choices
         interleaved), one finish_reason chunk per choice, engine tails, usage."""
+        if self.sglang:
+            yield from self._sglang_chunks()
+            return
         if self.kind == "chat":
             for c in self.choices:
                 yield self._chunk(self._delta(c, 0, {"role": "assistant", "content": ""}))
@@ -215,6 +255,45 @@ class RequestPlan:
                 # (mlx-vlm sends its draft counters on this chunk only)
                 chunk["timings"] = self.llamacpp_timings()
             yield chunk
+
+    def _sglang_chunks(self) -> Iterator[JSON]:
+        """SGLang 0.5.23's stream (``_generate_chat_stream``, ``_generate_completion_stream``).
+
+        Chat: a choice's role chunk comes with its first output, then one chunk per
+        non-empty step; the finish_reason chunks (with ``matched_stop``) follow once every
+        choice is done. These chunks are msgspec ``StreamChunk``s, which omit a None
+        ``usage``. Completions: one chunk per step, empty text included, the last carrying
+        finish_reason and ``matched_stop``; each is a pydantic dump, so ``usage: null``.
+        Then the ``sglext`` chunk (pydantic: ``usage: null``) and the usage chunk (chat:
+        every usage field; completions: dumped with ``exclude_none``).
+        """
+        chat = self.kind == "chat"
+        tail: JSON = {} if chat else {"usage": None}
+        longest = max(len(c.pieces) for c in self.choices)
+        for step in range(longest):
+            for c in self.choices:
+                if step >= len(c.pieces):
+                    continue
+                if chat and step == 0:
+                    yield self._chunk(self._delta(c, 0, {"role": "assistant", "content": ""}))
+                done = step == len(c.pieces) - 1
+                if chat and c.pieces[step]:
+                    yield self._chunk(self._delta(c, step, {"content": c.pieces[step]}))
+                elif not chat:
+                    finish = c.finish_reason if done else None
+                    piece = self._delta(c, step, {"content": c.pieces[step]}, finish)
+                    yield self._chunk(piece, **tail)
+        if chat:
+            for c in self.choices:
+                yield self._chunk(self._delta(c, len(c.pieces) - 1, {}, c.finish_reason))
+        ext = self.sglext()
+        if ext is not None:
+            yield self._chunk(usage=None, sglext=ext)
+        if self.include_usage:
+            usage = self.usage()
+            if not chat:
+                usage = {k: v for k, v in usage.items() if v is not None}
+            yield self._chunk(usage=usage)
 
     # --- the Responses API ------------------------------------------------------------
 

@@ -52,6 +52,10 @@ def vllm_premerge(gen: Generation, profile: AcceptanceProfile, level: str) -> JS
     return out
 
 
+#: SGLang's ``--weight-version`` default, echoed in ``meta_info`` and the body's ``metadata``.
+SGLANG_WEIGHT_VERSION = "default"
+
+
 def lazy_histogram(gen: Generation) -> list[int]:
     """SGLang 0.5.23 (``schedule_batch.py``) grows the histogram from ``[]`` only as far as
     the largest acceptance seen: one bucket past it, never to k + 1."""
@@ -60,7 +64,7 @@ def lazy_histogram(gen: Generation) -> list[int]:
 
 
 def sglang_details(gen: Generation, profile: AcceptanceProfile, histogram: bool = True) -> JSON:
-    """``sglext.spec_tokens_details`` / ``meta_info`` spec keys (SGLang 0.5.23).
+    """``sglext.spec_tokens_details`` (SGLang 0.5.23 ``SpecTokensDetails``, its key order).
 
     SGLang's ``spec_accept_length`` is completion_tokens / verify steps (the prefill token
     counted), not vLLM's 1 + accepted/steps; a consumer must derive its own from counts.
@@ -72,12 +76,12 @@ def sglang_details(gen: Generation, profile: AcceptanceProfile, histogram: bool 
     return {
         "spec_accept_rate": gen.draft_acceptance_rate,
         "spec_accept_length": gen.completion_tokens / max(steps, 1),
+        "spec_cap_length": 0.0,
+        "spec_block_accept_length": 0.0,
         "spec_num_correct_drafts": gen.num_accepted_draft_tokens,
         "spec_num_proposed_drafts": gen.num_draft_tokens,
         "spec_verify_ct": steps,
         "spec_correct_drafts_histogram": lazy_histogram(gen) if histogram else [],
-        "spec_cap_length": 0.0,
-        "spec_block_accept_length": 0.0,
         "spec_cap_lens_histogram": [],
     }
 
@@ -110,21 +114,55 @@ def sglang_meta_info(
     finish: str,
     prompt: int,
     engine: str = "sglang",
+    matched: str | int | None = None,
 ) -> JSON:
     """Per-choice ``meta_info`` (``return_meta_info: true``): bookkeeping plus spec keys
-    (SGLang's names, or TokenSpeed's for ``engine="tokenspeed"``)."""
+    (SGLang's names, or TokenSpeed's for ``engine="tokenspeed"``).
+
+    SGLang 0.5.23 sends the tokenizer manager's own dict (``TokenizerManager.
+    _handle_batch_output`` and ``_calculate_spec_decoding_metrics``): its finish reason
+    says what matched (or the length limit), the spec keys come only once a verify step
+    ran, the histogram only when it is non-empty, and no ``spec_cap_*`` or
+    ``spec_block_accept_length`` outside their special modes.
+    """
     if engine == "tokenspeed":
-        spec = tokenspeed_spec(gen)
-    else:
-        spec = sglang_details(gen, profile, histogram=engine != "sglang-no-histogram")
-    return {
+        return {
+            "id": request_id,
+            "finish_reason": {"type": finish},
+            "prompt_tokens": prompt,
+            "completion_tokens": gen.completion_tokens,
+            "cached_tokens": 0,
+            **tokenspeed_spec(gen),
+        }
+    reason: JSON = {"type": finish}
+    if finish == "length":
+        reason["length"] = gen.completion_tokens
+    elif matched is not None:
+        reason["matched"] = matched
+    out: JSON = {
         "id": request_id,
-        "finish_reason": {"type": finish},
+        "finish_reason": reason,
         "prompt_tokens": prompt,
+        "weight_version": SGLANG_WEIGHT_VERSION,
+        "num_retractions": 0,
+        "reasoning_tokens": 0,
         "completion_tokens": gen.completion_tokens,
         "cached_tokens": 0,
-        **{k: v for k, v in spec.items() if not k.startswith("spec_cap")},
+        "e2e_latency": round((12.0 + 6.0 * gen.num_spec_steps) / 1000.0, 6),
     }
+    if gen.num_spec_steps > 0:
+        spec = sglang_details(gen, profile, histogram=engine != "sglang-no-histogram")
+        for key in (
+            "spec_accept_rate",
+            "spec_accept_length",
+            "spec_num_correct_drafts",
+            "spec_num_proposed_drafts",
+            "spec_verify_ct",
+        ):
+            out[key] = spec[key]
+        if spec["spec_correct_drafts_histogram"]:
+            out["spec_correct_drafts_histogram"] = spec["spec_correct_drafts_histogram"]
+    return out
 
 
 def trtllm_stats(gen: Generation, profile: AcceptanceProfile) -> JSON | None:

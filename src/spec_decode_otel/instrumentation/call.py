@@ -204,6 +204,11 @@ class Call:
     ) -> None:
         ended = time.perf_counter()
         plan = self.plan
+        if error is not None and not isinstance(error, Exception):
+            # Cancelled or interrupted (CancelledError, KeyboardInterrupt): the caller
+            # stopped waiting; the call did not fail. OTel's use_span and util-genai's
+            # stream wrappers count only an Exception as an error.
+            error, read_to_end = None, False
         first_chunk = None if first_chunk_at is None else first_chunk_at - self.started
         if usage is not None:  # Chat Completions names, else the Responses API's
             input_tokens = _field(usage, "prompt_tokens")

@@ -7,7 +7,9 @@ its ``with`` block, or garbage-collected before its end). The sync and async pro
 only forward to the SDK's stream and call those hooks.
 
 A stream the user stops reading early is not an error: its span ends with status unset
-and ``spec_decode.read_to_end=false``, with whatever stats had arrived.
+and ``spec_decode.read_to_end=false``, with whatever stats had arrived. So does one whose
+read is cancelled or interrupted (``CancelledError``, ``KeyboardInterrupt``): ``on_error``
+hands those over, and the ``Call`` counts only an ``Exception`` as a failure.
 
 The span is never made current while the user iterates: between chunks the caller's own
 context is in force.

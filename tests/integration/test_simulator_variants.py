@@ -73,12 +73,15 @@ def test_vllm_level_none_sends_no_speculative_decoding_key(openai_client, stream
 
 
 def test_vllm_summary_level_has_no_per_step_arrays(openai_client):
+    """A vLLM 0.34.0 body is dumped whole: the unpopulated per-step keys say null."""
     resp = chat(openai_client, headers={"x-spec-decode-level": "summary"})
     s = spec(resp)
     assert set(s) == {
         "mean_acceptance_length", "draft_acceptance_rate", "acceptance_histogram",
         "num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens", "num_spec_tokens",
+        "per_step_accepted", "per_step_drafted",
     }  # fmt: skip
+    assert s["per_step_accepted"] is None and s["per_step_drafted"] is None
     record = record_from_json(dump(resp))
     assert record.per_step_accepted is None and record.num_spec_steps == s["num_spec_steps"]
 

@@ -81,15 +81,24 @@ class RequestPlan:
 
     # --- engine payloads (fresh objects each call, so faults never leak between uses) --
 
-    def vllm_metrics(self) -> JSON | None:
+    def vllm_metrics(self, body: bool = False) -> JSON | None:
         """Root ``metrics`` for the merged vLLM shape; no spec key at level none. For
-        n > 1 (or several prompts) vLLM 0.33.0 nulls the whole object."""
+        n > 1 (or several prompts) vLLM 0.33.0 nulls the whole object.
+
+        A body is dumped whole (vLLM 0.34.0 ``chat_completion/api_router.py``:
+        ``model_dump()``), so below the detailed level its ``SpeculativeDecodingMetrics``
+        says ``per_step_accepted: null``; the usage chunk (``exclude_unset``) leaves the
+        unset per-step keys out (``v1/metrics/stats.py`` ``RequestSpecDecodeMetrics.
+        to_dict`` sets them only when populated)."""
         if self.engine != "vllm" or not self.single:
             return None
         gen = self.choices[0].generation
         out = shapes.vllm_timing_metrics(gen, self.prompt_tokens)
         if self.level != "none":
             stats = shapes.vllm_merged(gen, self.profile, self.level)
+            if body:
+                stats.setdefault("per_step_accepted", None)
+                stats.setdefault("per_step_drafted", None)
             F.corrupt_stats(stats, "vllm", self.faults)
             out["speculative_decoding"] = stats
         return out
@@ -163,6 +172,12 @@ class RequestPlan:
         choice = {"index": c.index, key: content, "logprobs": None, "finish_reason": finish}
         if self.sglang:
             choice["matched_stop"] = c.matched_stop if finish else None
+        elif self.engine == "vllm" and (finish or self.kind == "completion"):
+            # vLLM 0.34.0: the stop string that matched, else null (EOS, length); set on
+            # every completions chunk and on a chat stream's finish chunk only
+            # (``chat_completion/serving.py``, ``completion/serving.py``, exclude_unset)
+            stop = c.matched_stop if finish else None
+            choice["stop_reason"] = stop if isinstance(stop, str) else None
         return {**choice, **self.trtllm_average(c, steps)}
 
     def response(self) -> JSON:
@@ -191,7 +206,7 @@ class RequestPlan:
         else:
             out["system_fingerprint"] = None
         if self.engine == "vllm":
-            out["metrics"] = self.vllm_metrics()
+            out["metrics"] = self.vllm_metrics(body=True)
         elif self.engine in SGLANG_FAMILY:
             ext = self.sglext()
             if ext is not None:

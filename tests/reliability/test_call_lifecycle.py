@@ -12,6 +12,8 @@ for seconds, so a call is certainly waiting on the server when the test cancels 
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
@@ -23,8 +25,13 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import StatusCode
 from reliability_helpers import API_KEY, Otel, canary_messages, instrumented, uninstrumented
 
+import spec_decode_otel
+from spec_decode_otel import SpecDecodeInstrumentor, record_from_json
 from spec_decode_otel.telemetry import (
     ERROR_TYPE,
+    SD_MEAN_ACCEPTANCE_LENGTH,
+    SD_NUM_ACCEPTED_DRAFT_TOKENS,
+    SD_NUM_SPEC_STEPS,
     SD_OUTCOME,
     SD_READ_TO_END,
 )
@@ -212,3 +219,171 @@ def test_a_keyboard_interrupt_while_a_stream_waits_is_raised_and_ends_the_call_o
     assert span.status.status_code is StatusCode.UNSET
     assert ERROR_TYPE not in span.attributes
     assert requests_by_outcome(otel) == {"not_read_to_end": 1}
+
+
+# -- threads ---------------------------------------------------------------------------------
+
+
+def in_thread(work: Callable[[], Any]) -> Any:
+    """``work()``'s result, run on a thread of its own (its exception re-raised here)."""
+    out: list[Any] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(work())
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return out[0]
+
+
+@pytest.mark.parametrize("end", ["closed", "collected"])
+def test_a_stream_handed_between_threads_ends_once_on_the_thread_that_ends_it(
+    end: str, otel: Otel, sync_client: openai.OpenAI
+) -> None:
+    """Opened on one thread, read on a second, closed or dropped on a third (a worker
+    pool, a queue of streams): the call ends exactly when the third thread ends it,
+    once, with the caller's context untouched on every thread."""
+    context = otel_context.get_current()
+    with instrumented(otel, genai_metrics=True):
+        streams = [in_thread(lambda: sync_client.chat.completions.create(**chat(14)))]
+        chunks = in_thread(lambda: [next(streams[0]), next(streams[0])])
+        assert len(chunks) == 2 and otel.counter.ended == 0
+        if end == "closed":
+            in_thread(lambda: streams[0].close())
+        else:
+            in_thread(lambda: (streams.clear(), gc.collect()))
+        assert otel.counter.ended == 1
+    assert otel_context.get_current() is context
+    span = only_span(otel)
+    assert span.attributes[SD_OUTCOME] == "not_read_to_end"
+    assert requests_by_outcome(otel) == {"not_read_to_end": 1}
+
+
+def test_concurrent_calls_on_one_client_each_record_their_own_response(
+    otel: Otel, sync_client: openai.OpenAI
+) -> None:
+    """16 threads x 8 calls at once on one client, streamed and not, each with its own
+    seed and length: every call's span carries the record of the response that call
+    returned (what its own chunks or body give), never another call's. tests/reliability/
+    test_load.py checks parents and attributes under load; this checks the records."""
+    threads, calls = 16, 8
+    start = threading.Barrier(threads)
+    returned: dict[int, Any] = {}
+    failed: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            start.wait()
+            for c in range(calls):
+                seed = 100 + t * calls + c
+                stream = c % 2 == 0
+                with spec_decode_otel.attributes(call=seed):
+                    result = sync_client.chat.completions.create(**chat(seed, stream=stream))
+                    body: Any = [x.model_dump() for x in result] if stream else result.model_dump()
+                returned[seed] = body
+        except BaseException as exc:
+            failed.append(exc)
+
+    with instrumented(otel):
+        pool = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+        for thread in pool:
+            thread.start()
+        for thread in pool:
+            thread.join()
+    assert not failed, failed
+    assert otel.counter.open == 0
+    spans = otel.spans()
+    assert sorted(s.attributes["call"] for s in spans) == sorted(returned)
+    assert otel.counter_total(REQUESTS) == threads * calls
+    fields = (SD_MEAN_ACCEPTANCE_LENGTH, SD_NUM_SPEC_STEPS, SD_NUM_ACCEPTED_DRAFT_TOKENS)
+    seen = set()
+    for span in spans:
+        record = record_from_json(returned[span.attributes["call"]])
+        assert record is not None
+        expected = (
+            record.mean_acceptance_length,
+            record.num_spec_steps,
+            record.num_accepted_draft_tokens,
+        )
+        assert tuple(span.attributes[f] for f in fields) == expected
+        seen.add(expected)
+    assert len(seen) > threads  # the records differ, so a swap could not go unnoticed
+
+
+# -- instrument / uninstrument / fork ----------------------------------------------------------
+
+
+def test_a_stream_open_across_uninstrument_ends_once_where_it_started(
+    sync_client: openai.OpenAI,
+) -> None:
+    """``uninstrument()`` (and a new ``instrument()`` with other providers) while a stream
+    is open: the stream still ends its call once, into the providers it started with;
+    calls made while uninstrumented are not recorded; calls after go to the new ones."""
+    first, second = Otel(), Otel()
+    try:
+        with instrumented(first):
+            stream = sync_client.chat.completions.create(**chat(15))
+            next(stream)
+            SpecDecodeInstrumentor().uninstrument()
+            list(sync_client.chat.completions.create(**chat(16)))
+            SpecDecodeInstrumentor().instrument(
+                tracer_provider=second.tracer_provider, meter_provider=second.meter_provider
+            )
+            list(sync_client.chat.completions.create(**chat(17)))
+            assert (first.counter.started, first.counter.ended) == (1, 0)
+            rest = list(stream)
+        assert rest and first.counter.open == 0 and second.counter.open == 0
+        assert only_span(first).attributes[SD_OUTCOME] == "recorded"
+        assert requests_by_outcome(first) == {"recorded": 1}
+        assert only_span(second).attributes[SD_OUTCOME] == "recorded"
+        assert requests_by_outcome(second) == {"recorded": 1}
+    finally:
+        second.shutdown()
+        first.shutdown()
+
+
+def test_a_forked_child_records_its_own_calls_and_the_parent_keeps_its_stream(
+    otel: Otel, simulator_url: str, sync_client: openai.OpenAI
+) -> None:
+    """``os.fork()`` (gunicorn, multiprocessing) while the parent has an instrumented
+    stream open: the child's calls are each recorded once, without a deadlock on our
+    locks, and the parent's stream still ends once in the parent."""
+    with instrumented(otel):
+        stream = sync_client.chat.completions.create(**chat(18))
+        next(stream)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report through the pipe, never return into pytest
+            os.close(read)
+            code = 1
+            try:
+                signal.alarm(20)  # a deadlock ends the child; the parent sees no report
+                started, ended = otel.counter.started, otel.counter.ended
+                client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
+                list(client.chat.completions.create(**chat(19)))
+                with client.chat.completions.create(**chat(20)) as early:
+                    next(early)
+                client.close()
+                outcomes = sorted(requests_by_outcome(otel))
+                report = f"{otel.counter.started - started} {otel.counter.ended - ended} {outcomes}"
+                os.write(write, report.encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            child = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert child == "2 2 ['not_read_to_end', 'recorded']"
+        assert otel.counter.ended == 0
+        list(stream)
+    assert only_span(otel).attributes[SD_OUTCOME] == "recorded"
+    assert requests_by_outcome(otel) == {"recorded": 1}

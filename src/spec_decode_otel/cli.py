@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -108,6 +109,18 @@ def _summarize(path: str, as_json: bool) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
+    try:
+        status = _run(args)
+        sys.stdout.flush()  # here, not at exit: a reader that left is caught below
+    except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly, as a shell tool does. Python
+        # flushes stdout again at exit, so stdout goes to devnull first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return status
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "parse":
         return _parse(args.file, args.request)
     if args.command == "summarize":

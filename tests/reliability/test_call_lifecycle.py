@@ -387,3 +387,41 @@ def test_a_forked_child_records_its_own_calls_and_the_parent_keeps_its_stream(
         list(stream)
     assert only_span(otel).attributes[SD_OUTCOME] == "recorded"
     assert requests_by_outcome(otel) == {"recorded": 1}
+
+
+# -- what user code sees ---------------------------------------------------------------------
+
+#: extra_body's stream_options -> (a usage chunk reaches the user, the call's outcome)
+EXTRA_STREAM_OPTIONS = {
+    "include_usage": ({"include_usage": True}, True, "recorded"),
+    "no_usage": ({"include_usage": False}, False, "no_stats"),
+    "other_option": ({"continuous_usage_stats": False}, False, "recorded"),
+}
+
+
+@pytest.mark.parametrize("case", list(EXTRA_STREAM_OPTIONS))
+def test_stream_options_sent_through_extra_body_are_the_users(
+    case: str, otel: Otel, sync_client: openai.OpenAI
+) -> None:
+    """The SDK merges ``extra_body`` over the body it sends (``_build_request``, openai
+    3.60), so ``stream_options`` set there are the user's: with ``inject_include_usage``
+    on, a user who asked for the usage chunk that way still gets it; one who said no is
+    not overridden; and one who sent another stream option gets it plus the injected
+    ``include_usage``, hidden from them as usual. Each sees what the bare SDK shows."""
+    stream_options, usage_seen, outcome = EXTRA_STREAM_OPTIONS[case]
+    kwargs = chat(21)
+    del kwargs["stream_options"]
+    kwargs["extra_body"] = {"stream_options": stream_options}
+
+    def visible() -> list[dict[str, Any]]:
+        stream = sync_client.chat.completions.create(**kwargs)
+        return [c.model_dump(exclude={"id", "created"}) for c in stream]
+
+    with uninstrumented():
+        bare = visible()
+    with instrumented(otel, inject_include_usage=True):
+        ours = visible()
+    assert ours == bare
+    assert (ours[-1]["usage"] is not None) is usage_seen
+    assert only_span(otel).attributes[SD_OUTCOME] == outcome
+    assert requests_by_outcome(otel) == {outcome: 1}

@@ -91,8 +91,8 @@ class Instrumentation:
             if not is_instrumentation_enabled() or str(options.method).lower() != "post":
                 return None
             operation = OPERATIONS.get(options.url)
-            body = options.json_data
-            if operation is None or not isinstance(body, Mapping):
+            body = _sent_body(options)
+            if operation is None or body is None:
                 return None
             return self._start(client, options, operation, body)
         except Exception:
@@ -116,7 +116,7 @@ class Instrumentation:
             user=current_attributes(),
             parent=otel_context.get_current(),
             requested_sequences=_requested_sequences(body),
-            request=options.json_data if isinstance(options.json_data, Mapping) else body,
+            request=_sent_body(options) or body,
             streaming=streaming,
             include_usage=injected_usage or asked_usage is True,
         )
@@ -211,7 +211,12 @@ class Instrumentation:
         if not additions:
             return options, False
         options = options.model_copy()
-        options.json_data = {**body, **additions}
+        options.json_data = {**options.json_data, **additions}
+        extra = getattr(options, "extra_json", None)
+        if isinstance(extra, Mapping) and extra.keys() & additions.keys():
+            # The user's extra_body is merged over the body when the SDK sends it: an
+            # addition to a key it holds goes there too, or it would be overridden.
+            options.extra_json = {**extra, **{k: v for k, v in additions.items() if k in extra}}
         return options, injected_usage
 
     # -- the wrappers ------------------------------------------------------------
@@ -264,6 +269,16 @@ class Instrumentation:
         else:
             kwargs = {**kwargs, "options": new_options}
         return call, args, kwargs, injected_usage
+
+
+def _sent_body(options: Any) -> Mapping[str, Any] | None:
+    """The JSON body as the SDK sends it: ``extra_body`` (``options.extra_json``) merged
+    over the body, its keys winning; None when the body is not a JSON object."""
+    body = options.json_data
+    if not isinstance(body, Mapping):
+        return None
+    extra = getattr(options, "extra_json", None)
+    return {**body, **extra} if isinstance(extra, Mapping) and extra else body
 
 
 def _requested_sequences(body: Mapping[str, Any]) -> int:

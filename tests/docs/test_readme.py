@@ -112,7 +112,7 @@ def configuration_rows() -> list[str]:
 
 def test_every_setting_is_in_the_configuration_table() -> None:
     source = inspect.getsource(config.Settings.from_env)
-    names = set(re.findall(r'_env_(?:bool|int|list)\("([A-Z_]+)"', source))
+    names = set(re.findall(r'_env_(?:bool|int|list|choice)\("([A-Z_]+)"', source))
     names |= set(re.findall(r'ENV_PREFIX \+ "([A-Z_]+)"', source))
     assert {"MODE", "INJECT_INCLUDE_USAGE", "GENAI_METRICS"} <= names  # the scan works
     rows = configuration_rows()

@@ -182,3 +182,43 @@ print(json.dumps({
     # the instrumentation still ran: its data is there for an in-process reader
     assert "spec_decode.acceptance_length" in report["metrics"]
     assert time.monotonic() - started < 30  # exit did not wait on a collector
+
+
+def test_a_bad_variable_warns_and_leaves_zero_code_instrumentation_working(
+    simulator_url: str,
+) -> None:
+    """``opentelemetry-instrument`` stops instrumenting the whole process when one
+    instrumentor raises ("Failed to auto initialize OpenTelemetry",
+    opentelemetry-instrumentation's ``_load_instrumentors`` re-raises): a typo in one of
+    our variables must not cost the user every other instrumentation. Each bad value
+    warns, naming the variable, and falls back; the calls are still recorded."""
+    instrument = shutil.which("opentelemetry-instrument")
+    assert instrument, "opentelemetry-distro's opentelemetry-instrument is not installed"
+    env = clean_env(
+        SIMULATOR_URL=simulator_url,
+        OTEL_TRACES_EXPORTER="console",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="openai",
+        SPEC_DECODE_OTEL_REQUEST_ENGINE_STATS="sglang,sglnag",
+        SPEC_DECODE_OTEL_MODE="spam",
+        SPEC_DECODE_OTEL_PER_STEP_MAX_LENGTH="lots",
+    )
+    done = subprocess.run(
+        [instrument, sys.executable, str(APP)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Failed to auto initialize" not in done.stderr, done.stderr
+    for told in (
+        "SPEC_DECODE_OTEL_REQUEST_ENGINE_STATS='sglang,sglnag': unknown engine(s) sglnag left out",
+        "SPEC_DECODE_OTEL_MODE='spam': not one of auto, span, enrich; auto is used",
+        "SPEC_DECODE_OTEL_PER_STEP_MAX_LENGTH='lots': not an integer; 1024 is used",
+    ):
+        assert told in done.stderr, done.stderr
+    # the console exporter's spans: both calls, ours, with the server's stats
+    assert done.stdout.count('"spec_decode.engine": "vllm"') == 2, done.stdout

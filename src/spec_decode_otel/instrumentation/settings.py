@@ -2,11 +2,16 @@
 
 Every behaviour that changes what goes on the wire (request fields, headers) is opt-in,
 because some OpenAI-compatible servers reject fields they do not know.
+
+A bad keyword is an error in the caller's code. A bad variable value warns and falls
+back instead: under ``opentelemetry-instrument`` an error would stop every
+instrumentation of the process, not just this one.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -28,7 +33,20 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(raw) if raw else default
     except ValueError:
+        _ignored(name, raw, f"not an integer; {default} is used")
         return default
+
+
+def _env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    raw = os.environ.get(ENV_PREFIX + name, "").strip().lower()
+    if raw and raw not in choices:
+        _ignored(name, raw, f"not one of {', '.join(choices)}; {default} is used")
+        return default
+    return raw or default
+
+
+def _ignored(name: str, value: str, why: str) -> None:
+    warnings.warn(f"{ENV_PREFIX}{name}={value!r}: {why}", RuntimeWarning, stacklevel=2)
 
 
 def _env_list(name: str) -> tuple[str, ...]:
@@ -65,14 +83,13 @@ class Settings:
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
         """Environment first, keyword arguments win; unknown keywords are an error."""
-        mode = os.environ.get(ENV_PREFIX + "MODE", "auto").strip().lower() or "auto"
         env: dict[str, Any] = {
-            "mode": mode if mode in _MODES else "auto",
+            "mode": _env_choice("MODE", _MODES, "auto"),
             "inject_include_usage": _env_bool("INJECT_INCLUDE_USAGE", False),
             "inject_traceparent": _env_bool("INJECT_TRACEPARENT", False),
             "record_per_step": _env_bool("RECORD_PER_STEP", False),
             "per_step_max_length": _env_int("PER_STEP_MAX_LENGTH", 1024),
-            "request_engine_stats": _env_list("REQUEST_ENGINE_STATS"),
+            "request_engine_stats": _known_engines(_env_list("REQUEST_ENGINE_STATS")),
             "metric_attributes": _env_list("METRIC_ATTRIBUTES"),
             "genai_metrics": _env_bool("GENAI_METRICS", False),
         }
@@ -90,15 +107,32 @@ class Settings:
         return cls(**env)
 
 
+def _engines() -> set[str]:
+    from spec_decode_otel.adapters.registry import registered_adapters
+
+    return {adapter.engine for adapter in registered_adapters()}
+
+
 def _check_engines(names: tuple[str, ...]) -> None:
     """An engine name nobody knows is a configuration error, like an unknown keyword:
     silently sending nothing would leave the user with an empty dashboard."""
-    from spec_decode_otel.adapters.registry import registered_adapters
-
-    known = {adapter.engine for adapter in registered_adapters()}
+    known = _engines()
     unknown = sorted(set(names) - known)
     if unknown:
         raise ValueError(
             f"request_engine_stats: unknown engine(s) {', '.join(unknown)}; "
             f"known: {', '.join(sorted(known))}"
         )
+
+
+def _known_engines(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The variable's engine names that an adapter knows; the others are warned about."""
+    known = _engines()
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        _ignored(
+            "REQUEST_ENGINE_STATS",
+            ",".join(names),
+            f"unknown engine(s) {', '.join(unknown)} left out; known: {', '.join(sorted(known))}",
+        )
+    return tuple(name for name in names if name in known)

@@ -165,7 +165,7 @@ def setup(
                 "spec_decode_otel.setup() was already called; returning the providers it "
                 "built (its settings stay)",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,  # the caller of spec_decode_otel.setup(), which calls this
             )
             return _built
         # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, but lets

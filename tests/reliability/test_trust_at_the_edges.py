@@ -371,7 +371,7 @@ with warnings.catch_warnings(record=True) as caught:
     second = spec_decode_otel.setup("two", set_global=False, mode="enrich")
 print(json.dumps({
     "same": second is first,
-    "warnings": [(w.category.__name__, str(w.message)) for w in caught],
+    "warnings": [(w.category.__name__, str(w.message), w.filename) for w in caught],
     "service": second.tracer_provider.resource.attributes["service.name"],
 }))
 """
@@ -383,8 +383,9 @@ print(json.dumps({
     report = json.loads(done.stdout)
     assert report["same"] is True
     assert report["service"] == "one"
-    ((category, message),) = report["warnings"]
+    ((category, message, where),) = report["warnings"]
     assert category == "RuntimeWarning" and "already called" in message
+    assert where == "<string>"  # the caller's line (python -c), not the library's
 
 
 # --------------------------------------------------------------------------- metric attrs

@@ -162,10 +162,10 @@ class StreamObserver:
     def _finish(self, *, read_to_end: bool, error: BaseException | None = None) -> None:
         if self.call.done:
             return
-        chunks = list(self.kept)
-        self.kept.clear()  # the user may keep the proxy: it no longer keeps their chunks
+        # Cleared only after the call has ended (whichever thread ended it): a close from
+        # another thread racing the reader's end must not leave the winner an empty copy.
         self.call.finish_stream(
-            chunks,
+            list(self.kept),
             response_model=self.model,
             finish_reasons=self.finish_reasons,
             multi_sequence=self.multi,
@@ -173,6 +173,7 @@ class StreamObserver:
             read_to_end=read_to_end,
             error=error,
         )
+        self.kept.clear()  # the user may keep the proxy: it no longer keeps their chunks
 
 
 @functools.cache

@@ -16,7 +16,7 @@ import gc
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import openai
@@ -64,20 +64,6 @@ def only_span(otel: Otel) -> Any:
     assert otel.counter.open == 0, "a span was left open"
     (span,) = otel.spans()
     return span
-
-
-@pytest.fixture
-def sync_client(simulator_url: str) -> Iterator[openai.OpenAI]:
-    client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-async def async_client(simulator_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
-    yield client
-    await client.close()
 
 
 # -- cancellation and interrupts ----------------------------------------------------------
@@ -135,7 +121,7 @@ async def cancel_while_waiting(client: openai.AsyncOpenAI, reader: Reader) -> as
 
 @pytest.mark.parametrize("api", list(READERS))
 async def test_a_cancelled_stream_ends_once_as_stopped_and_the_cancellation_propagates(
-    api: str, otel: Otel, async_client: openai.AsyncOpenAI
+    api: str, otel: Otel, async_openai_client: openai.AsyncOpenAI
 ) -> None:
     """``task.cancel()`` while a stream waits for its next chunk (a chat UI's "stop", a
     server whose client went away): the task ends cancelled, as with the bare SDK, and
@@ -144,11 +130,11 @@ async def test_a_cancelled_stream_ends_once_as_stopped_and_the_cancellation_prop
     opentelemetry-python#4484), as util-genai 1.1b0's stream wrappers and
     ``GenAIInvocation.__exit__`` do; a cancellation is a ``BaseException``."""
     with uninstrumented():
-        bare = await cancel_while_waiting(async_client, READERS[api])
+        bare = await cancel_while_waiting(async_openai_client, READERS[api])
     assert bare.cancelled()
     context = otel_context.get_current()
     with instrumented(otel, genai_metrics=True):
-        ours = await cancel_while_waiting(async_client, READERS[api])
+        ours = await cancel_while_waiting(async_openai_client, READERS[api])
     assert ours.cancelled()
     assert otel_context.get_current() is context
     span = only_span(otel)
@@ -161,7 +147,7 @@ async def test_a_cancelled_stream_ends_once_as_stopped_and_the_cancellation_prop
 
 @pytest.mark.parametrize("awaited", ["next-chunk", "response"])
 async def test_a_timeout_around_a_call_raises_the_timeout_and_ends_the_call_once(
-    awaited: str, otel: Otel, async_client: openai.AsyncOpenAI
+    awaited: str, otel: Otel, async_openai_client: openai.AsyncOpenAI
 ) -> None:
     """``asyncio.wait_for`` around the next chunk, or around a non-streamed ``create()``
     the server holds back: the caller gets ``TimeoutError`` as from the bare SDK; inside,
@@ -169,11 +155,13 @@ async def test_a_timeout_around_a_call_raises_the_timeout_and_ends_the_call_once
 
     async def call_with_deadline() -> BaseException:
         if awaited == "response":
-            pending = async_client.chat.completions.create(**chat(12, stream=False, held=True))
+            pending = async_openai_client.chat.completions.create(
+                **chat(12, stream=False, held=True)
+            )
             with pytest.raises(BaseException) as info:
                 await asyncio.wait_for(pending, 0.2)
             return info.value
-        stream = await async_client.chat.completions.create(**chat(12, held=True))
+        stream = await async_openai_client.chat.completions.create(**chat(12, held=True))
         await stream.__anext__()  # the first chunk comes at once; the next is held
         with pytest.raises(BaseException) as info:
             await asyncio.wait_for(stream.__anext__(), 0.2)
@@ -193,7 +181,7 @@ async def test_a_timeout_around_a_call_raises_the_timeout_and_ends_the_call_once
 
 
 def test_a_keyboard_interrupt_while_a_stream_waits_is_raised_and_ends_the_call_once(
-    otel: Otel, sync_client: openai.OpenAI
+    otel: Otel, openai_client: openai.OpenAI
 ) -> None:
     """Ctrl-C while the main thread is blocked reading a stream: the user gets their
     ``KeyboardInterrupt``, unchanged, and the call ends once as stopped, not failed."""
@@ -210,7 +198,7 @@ def test_a_keyboard_interrupt_while_a_stream_waits_is_raised_and_ends_the_call_o
         interrupter.start()
         with (
             pytest.raises(KeyboardInterrupt),
-            sync_client.chat.completions.create(**chat(13, held=True)) as stream,
+            openai_client.chat.completions.create(**chat(13, held=True)) as stream,
         ):
             for _ in stream:
                 first.set()
@@ -245,14 +233,14 @@ def in_thread(work: Callable[[], Any]) -> Any:
 
 @pytest.mark.parametrize("end", ["closed", "collected"])
 def test_a_stream_handed_between_threads_ends_once_on_the_thread_that_ends_it(
-    end: str, otel: Otel, sync_client: openai.OpenAI
+    end: str, otel: Otel, openai_client: openai.OpenAI
 ) -> None:
     """Opened on one thread, read on a second, closed or dropped on a third (a worker
     pool, a queue of streams): the call ends exactly when the third thread ends it,
     once, with the caller's context untouched on every thread."""
     context = otel_context.get_current()
     with instrumented(otel, genai_metrics=True):
-        streams = [in_thread(lambda: sync_client.chat.completions.create(**chat(14)))]
+        streams = [in_thread(lambda: openai_client.chat.completions.create(**chat(14)))]
         chunks = in_thread(lambda: [next(streams[0]), next(streams[0])])
         assert len(chunks) == 2 and otel.counter.ended == 0
         if end == "closed":
@@ -267,7 +255,7 @@ def test_a_stream_handed_between_threads_ends_once_on_the_thread_that_ends_it(
 
 
 def test_concurrent_calls_on_one_client_each_record_their_own_response(
-    otel: Otel, sync_client: openai.OpenAI
+    otel: Otel, openai_client: openai.OpenAI
 ) -> None:
     """16 threads x 8 calls at once on one client, streamed and not, each with its own
     seed and length: every call's span carries the record of the response that call
@@ -285,7 +273,7 @@ def test_concurrent_calls_on_one_client_each_record_their_own_response(
                 seed = 100 + t * calls + c
                 stream = c % 2 == 0
                 with spec_decode_otel.attributes(call=seed):
-                    result = sync_client.chat.completions.create(**chat(seed, stream=stream))
+                    result = openai_client.chat.completions.create(**chat(seed, stream=stream))
                     body: Any = [x.model_dump() for x in result] if stream else result.model_dump()
                 returned[seed] = body
         except BaseException as exc:
@@ -321,7 +309,7 @@ def test_concurrent_calls_on_one_client_each_record_their_own_response(
 
 
 def test_a_stream_open_across_uninstrument_ends_once_where_it_started(
-    sync_client: openai.OpenAI,
+    openai_client: openai.OpenAI,
 ) -> None:
     """``uninstrument()`` (and a new ``instrument()`` with other providers) while a stream
     is open: the stream still ends its call once, into the providers it started with;
@@ -329,14 +317,14 @@ def test_a_stream_open_across_uninstrument_ends_once_where_it_started(
     first, second = Otel(), Otel()
     try:
         with instrumented(first):
-            stream = sync_client.chat.completions.create(**chat(15))
+            stream = openai_client.chat.completions.create(**chat(15))
             next(stream)
             SpecDecodeInstrumentor().uninstrument()
-            list(sync_client.chat.completions.create(**chat(16)))
+            list(openai_client.chat.completions.create(**chat(16)))
             SpecDecodeInstrumentor().instrument(
                 tracer_provider=second.tracer_provider, meter_provider=second.meter_provider
             )
-            list(sync_client.chat.completions.create(**chat(17)))
+            list(openai_client.chat.completions.create(**chat(17)))
             assert (first.counter.started, first.counter.ended) == (1, 0)
             rest = list(stream)
         assert rest and first.counter.open == 0 and second.counter.open == 0
@@ -350,13 +338,13 @@ def test_a_stream_open_across_uninstrument_ends_once_where_it_started(
 
 
 def test_a_forked_child_records_its_own_calls_and_the_parent_keeps_its_stream(
-    otel: Otel, simulator_url: str, sync_client: openai.OpenAI
+    otel: Otel, simulator_url: str, openai_client: openai.OpenAI
 ) -> None:
     """``os.fork()`` (gunicorn, multiprocessing) while the parent has an instrumented
     stream open: the child's calls are each recorded once, without a deadlock on our
     locks, and the parent's stream still ends once in the parent."""
     with instrumented(otel):
-        stream = sync_client.chat.completions.create(**chat(18))
+        stream = openai_client.chat.completions.create(**chat(18))
         next(stream)
         read, write = os.pipe()
         pid = os.fork()
@@ -401,7 +389,7 @@ EXTRA_STREAM_OPTIONS = {
 
 @pytest.mark.parametrize("case", list(EXTRA_STREAM_OPTIONS))
 def test_stream_options_sent_through_extra_body_are_the_users(
-    case: str, otel: Otel, sync_client: openai.OpenAI
+    case: str, otel: Otel, openai_client: openai.OpenAI
 ) -> None:
     """The SDK merges ``extra_body`` over the body it sends (``_build_request``, openai
     3.60), so ``stream_options`` set there are the user's: with ``inject_include_usage``
@@ -414,7 +402,7 @@ def test_stream_options_sent_through_extra_body_are_the_users(
     kwargs["extra_body"] = {"stream_options": stream_options}
 
     def visible() -> list[dict[str, Any]]:
-        stream = sync_client.chat.completions.create(**kwargs)
+        stream = openai_client.chat.completions.create(**kwargs)
         return [c.model_dump(exclude={"id", "created"}) for c in stream]
 
     with uninstrumented():

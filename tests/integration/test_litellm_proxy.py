@@ -77,12 +77,16 @@ ONLY_CHAT_JSON = {"sglang-meta-info"}
 #: Where each shape puts its stats, as the engine sends them.
 ROOT_FIELDS = {"vllm": "metrics", "sglang": "sglext", "llamacpp": "timings", "mlx-vlm": "timings"}
 CHOICE_FIELDS = {
+    "vllm": {"stop_reason"},
     "vllm-premerge": {"speculative_decoding_stats"},
-    "sglang-meta-info": {"meta_info"},
+    "sglang": {"matched_stop"},
+    "sglang-meta-info": {"meta_info", "matched_stop"},
     "tokenspeed": {"meta_info"},
     "trtllm": {"speculative_decoding", "avg_decoded_tokens_per_iter"},
     "trtllm-released": {"avg_decoded_tokens_per_iter"},
 }
+#: Choice fields LiteLLM knows beside OpenAI's: a chat body keeps them on the choice too.
+KNOWN_CHOICE_FIELDS = {"vllm": {"stop_reason"}}
 STATS_ROOT_FIELDS = frozenset({"metrics", "sglext", "timings"})
 STATS_CHOICE_FIELDS = frozenset({"speculative_decoding", "speculative_decoding_stats", "meta_info"})
 
@@ -307,8 +311,9 @@ def test_a_body_keeps_the_engines_record(
     stats, through ``hosted_vllm/`` and ``openai/`` alike. Observed: in a chat body each
     choice's own fields (TRT-LLM's ``speculative_decoding`` and
     ``avg_decoded_tokens_per_iter``, pre-merge vLLM's ``speculative_decoding_stats``,
-    SGLang's and TokenSpeed's ``meta_info``) move into
-    ``choices[i].provider_specific_fields`` (``{}`` when there are none); a text
+    SGLang's and TokenSpeed's ``meta_info``, SGLang's ``matched_stop``) move into
+    ``choices[i].provider_specific_fields`` (``{}`` when there are none; vLLM's
+    ``stop_reason``, which LiteLLM knows, is copied there and stays); a text
     completion keeps them on the choice; root ``metrics``, ``sglext``, ``timings`` and
     the ``usage`` pair (smg) stay. The span's ``spec_decode.*`` is the record of the
     engine's direct answer to the same seeded request."""
@@ -327,7 +332,7 @@ def test_a_body_keeps_the_engines_record(
     (choice,) = proxied["choices"]
     moved = choice.get("provider_specific_fields")
     if case.api == "chat":
-        assert extra_choice_fields(choice) == set()
+        assert extra_choice_fields(choice) == KNOWN_CHOICE_FIELDS.get(case.shape, set())
         assert set(moved) == CHOICE_FIELDS.get(case.shape, set())
     else:
         assert moved is None

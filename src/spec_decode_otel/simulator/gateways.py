@@ -7,22 +7,31 @@ as observed from the real proxy in front of this simulator
 
 - a chat body: each choice's non-standard fields move into
   ``choices[i].provider_specific_fields`` (always present, ``{}`` when nothing moved;
-  a null field moves as null); root fields (``metrics``, ``sglext``, ``timings``)
-  stay, except a null one, which is dropped (vLLM's ``"metrics": null`` for n > 1);
+  a null field moves as null), vLLM's ``stop_reason`` staying on the choice as well;
+  a null ``reasoning_content`` (SGLang) leaves the message; root fields (``metrics``,
+  ``sglext``, ``timings``) stay, except a null one, which is dropped (vLLM's
+  ``"metrics": null`` for n > 1); ``usage`` loses its null fields and SGLang's
+  top-level ``reasoning_tokens``;
 - a text completion body: choices and root unchanged (fields stay where the engine put
-  them, nulls included); ``usage`` gains ``completion_tokens_details`` and
-  ``prompt_tokens_details`` as null when the engine sent none, and engine-sent details
-  (the smg pair) gain every other field of LiteLLM's model as null;
+  them, nulls included), plus ``system_fingerprint: null`` when the engine sent none
+  (SGLang); ``usage`` gains ``completion_tokens_details`` and ``prompt_tokens_details``
+  as null when the engine sent none and loses SGLang's ``reasoning_tokens``, and
+  engine-sent details (the smg pair) gain every other field of LiteLLM's model as null;
 - a stream (chat or text completion): every chunk is rebuilt. Root fields other than
   ``usage`` are dropped (vLLM's ``metrics``, llama.cpp's and mlx-vlm's ``timings``), a
   chunk left with neither choices nor usage is not sent (SGLang's ``sglext`` chunk; the
   real proxy sends it as an empty ``{"choices": []}`` on a chat stream that asked for
   usage: nothing an adapter reads, so not imitated),
-  ``finish_reason`` and ``logprobs`` are sent only when not null, and a choice keeps
-  its non-standard fields only on a chat chunk before the finish chunk (TensorRT-LLM's
-  running ``avg_decoded_tokens_per_iter``): the finish chunk's stats are dropped. The
-  usage chunk keeps the engine's ``completion_tokens_details`` (the smg pair) and adds
-  ``reasoning_tokens``; without them it gets ``reasoning_tokens`` and ``text_tokens``.
+  ``finish_reason`` and ``logprobs`` are sent only when not null, a null
+  ``reasoning_content`` leaves the delta, and a choice keeps its non-null
+  non-standard fields only on a chat chunk before the finish chunk (TensorRT-LLM's
+  running ``avg_decoded_tokens_per_iter``; SGLang's null ``matched_stop`` goes): the
+  finish chunk's stats are dropped, and it keeps only vLLM's ``stop_reason``. A text
+  completion chunk carrying both text and the finish reason (SGLang's last one) comes
+  as two: the text, then the finish. The usage chunk loses ``prompt_tokens_details``
+  when null and SGLang's ``reasoning_tokens``, keeps the engine's
+  ``completion_tokens_details`` (the smg pair) adding ``reasoning_tokens`` there;
+  without them it gets ``reasoning_tokens`` and ``text_tokens``.
 
 Only what an adapter could read is imitated: ids, ``created``, the ``model`` the proxy
 renames to its own model name, and key order are left as the engine's.
@@ -44,6 +53,10 @@ _STANDARD_ROOT_FIELDS = frozenset(
     {"id", "object", "created", "model", "choices", "usage", "system_fingerprint"}
 )
 _CHUNK_ROOT_FIELDS = ("id", "object", "created", "model")
+#: A choice field LiteLLM knows beside OpenAI's (vLLM's matched stop string): it stays
+#: on a chat body's choice (and is copied into ``provider_specific_fields`` too) and on
+#: a stream's finish chunk.
+_STOP_REASON = "stop_reason"
 #: Every field of LiteLLM's ``CompletionTokensDetails``, null unless the engine sent it.
 _COMPLETION_TOKENS_DETAILS = dict.fromkeys(
     (
@@ -60,28 +73,51 @@ _COMPLETION_TOKENS_DETAILS = dict.fromkeys(
 
 def litellm_proxy_body(body: JSON, kind: str) -> JSON:
     """A non-streamed chat or text completion body as LiteLLM's proxy returns it."""
+    usage = body.get("usage")
     if kind != "chat":
-        usage = body.get("usage")
+        body = {"system_fingerprint": None, **body}
         if not isinstance(usage, dict):
             return body
         usage = {"completion_tokens_details": None, "prompt_tokens_details": None, **usage}
+        usage.pop("reasoning_tokens", None)
         details = usage["completion_tokens_details"]
         if isinstance(details, dict):
             usage["completion_tokens_details"] = {**_COMPLETION_TOKENS_DETAILS, **details}
         return {**body, "usage": usage}
     choices = []
     for choice in body.get("choices") or ():
-        kept = {k: v for k, v in choice.items() if k in _STANDARD_CHOICE_FIELDS}
+        kept = {
+            k: _without_null_reasoning(v) if k == "message" else v
+            for k, v in choice.items()
+            if k in _STANDARD_CHOICE_FIELDS or k == _STOP_REASON
+        }
         moved = {k: v for k, v in choice.items() if k not in _STANDARD_CHOICE_FIELDS}
         choices.append({**kept, "provider_specific_fields": moved})
     root = {k: v for k, v in body.items() if k in _STANDARD_ROOT_FIELDS or v is not None}
+    if isinstance(usage, dict):
+        root["usage"] = {
+            k: v for k, v in usage.items() if v is not None and k != "reasoning_tokens"
+        }
     return {**root, "choices": choices}
+
+
+def _without_null_reasoning(part: object) -> object:
+    """A message or delta without SGLang's null ``reasoning_content``."""
+    if isinstance(part, dict) and part.get("reasoning_content", ...) is None:
+        return {k: v for k, v in part.items() if k != "reasoning_content"}
+    return part
 
 
 def litellm_proxy_chunks(chunks: Iterable[JSON], kind: str) -> Iterator[JSON]:
     """A chat or text completion stream as LiteLLM's proxy rebuilds it."""
     for chunk in chunks:
-        choices = [_stream_choice(c, kind) for c in chunk.get("choices") or ()]
+        raw_choices = chunk.get("choices") or ()
+        if kind != "chat" and any(c.get("text") and c.get("finish_reason") for c in raw_choices):
+            # the text and the finish come as two chunks
+            yield from litellm_proxy_chunks([_split(chunk, finish=False)], kind)
+            chunk = _split(chunk, finish=True)
+            raw_choices = chunk["choices"]
+        choices = [_stream_choice(c, kind) for c in raw_choices]
         usage = chunk.get("usage")
         if not choices and not usage:
             continue
@@ -92,17 +128,32 @@ def litellm_proxy_chunks(chunks: Iterable[JSON], kind: str) -> Iterator[JSON]:
         yield out
 
 
+def _split(chunk: JSON, *, finish: bool) -> JSON:
+    """A text completion chunk's text part (``finish=False``) or its finish part."""
+    if finish:
+        choices = [{**c, "text": ""} for c in chunk["choices"]]
+    else:
+        choices = [{**c, "finish_reason": None} for c in chunk["choices"]]
+    return {**chunk, "choices": choices}
+
+
 def _stream_choice(choice: JSON, kind: str) -> JSON:
     out: JSON = {"index": choice.get("index", 0)}
     finish = choice.get("finish_reason")
     if kind == "chat":
-        out["delta"] = choice.get("delta") or {}
+        out["delta"] = _without_null_reasoning(choice.get("delta") or {})
         if finish is None:  # the chunks before the finish chunk keep the engine's extras
-            out.update((k, v) for k, v in choice.items() if k not in _STANDARD_CHOICE_FIELDS)
+            out.update(
+                (k, v)
+                for k, v in choice.items()
+                if k not in _STANDARD_CHOICE_FIELDS and v is not None
+            )
     elif finish is None or choice.get("text"):
         out["text"] = choice.get("text", "")
     if finish is not None:
         out["finish_reason"] = finish
+        if _STOP_REASON in choice:
+            out[_STOP_REASON] = choice[_STOP_REASON]
     if choice.get("logprobs") is not None:
         out["logprobs"] = choice["logprobs"]
     return out
@@ -114,7 +165,12 @@ def _stream_usage(usage: JSON) -> JSON:
         details = {"reasoning_tokens": 0, **details}
     else:
         details = {"reasoning_tokens": 0, "text_tokens": usage.get("completion_tokens", 0)}
-    return {**usage, "completion_tokens_details": details}
+    kept = {
+        k: v
+        for k, v in usage.items()
+        if k != "reasoning_tokens" and not (k == "prompt_tokens_details" and v is None)
+    }
+    return {**kept, "completion_tokens_details": details}
 
 
 #: name -> (non-streamed body, stream) transforms, each given the request kind.

@@ -223,6 +223,13 @@ def vllm_stream(seed: int, **extra: Any) -> dict[str, Any]:
     }
 
 
+async def read_chat(client: Any, kwargs: dict[str, Any]) -> list[Any]:
+    """One chat call on the sync or the async client, as the user sees it."""
+    if isinstance(client, openai.AsyncOpenAI):
+        return await call_async(client, "chat", kwargs)
+    return call_sync(client, "chat", kwargs)
+
+
 def is_usage_chunk(chunk: Any) -> bool:
     return not chunk.choices and chunk.usage is not None
 
@@ -233,15 +240,10 @@ async def test_injected_include_usage_is_invisible_to_the_user(
 ) -> None:
     client, log = wire if mode == "sync" else async_wire
 
-    async def read(kwargs: dict[str, Any]) -> list[Any]:
-        if mode == "sync":
-            return call_sync(client, "chat", kwargs)
-        return await call_async(client, "chat", kwargs)
-
-    bare = await read(vllm_stream(101))
+    bare = await read_chat(client, vllm_stream(101))
     assert "stream_options" not in log.last[1]
     otel.instrument(inject_include_usage=True)
-    ours = await read(vllm_stream(101))
+    ours = await read_chat(client, vllm_stream(101))
 
     assert log.last[1]["stream_options"] == {"include_usage": True}  # asked on the wire
     assert len(ours) == len(bare)
@@ -254,7 +256,7 @@ async def test_injected_include_usage_is_invisible_to_the_user(
     assert span.attributes["gen_ai.usage.output_tokens"] > 0
 
     # a non-streaming request is left as it was
-    await read({**vllm_stream(102), "stream": False})
+    await read_chat(client, {**vllm_stream(102), "stream": False})
     assert "stream_options" not in log.last[1]
 
 
@@ -271,23 +273,18 @@ async def test_calls_inside_suppress_instrumentation_are_neither_recorded_nor_am
 
     client, log = wire if mode == "sync" else async_wire
 
-    async def read(kwargs: dict[str, Any]) -> list[Any]:
-        if mode == "sync":
-            return call_sync(client, "chat", kwargs)
-        return await call_async(client, "chat", kwargs)
-
-    bare = await read(vllm_stream(103))
+    bare = await read_chat(client, vllm_stream(103))
     otel.instrument(inject_include_usage=True, inject_traceparent=True)
     with suppress_instrumentation():
-        suppressed = await read(vllm_stream(103))
-        await read({**vllm_stream(104), "stream": False})
+        suppressed = await read_chat(client, vllm_stream(103))
+        await read_chat(client, {**vllm_stream(104), "stream": False})
     headers, body = log.last
     assert "stream_options" not in body and "traceparent" not in headers
     assert dumps_without_volatile(suppressed) == dumps_without_volatile(bare)
     assert otel.spans() == []
     assert otel.points(otel.metrics(), "spec_decode.requests") == []
 
-    await read(vllm_stream(105))  # outside the block: recorded again
+    await read_chat(client, vllm_stream(105))  # outside the block: recorded again
     assert otel.only_span().attributes["spec_decode.outcome"] == "recorded"
     assert "traceparent" in log.last[0]
 

@@ -11,7 +11,6 @@ span current after ``create()`` returns and between chunks must be the caller's 
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,6 +20,8 @@ import pytest
 from instrumentation_helpers import MESSAGES, MODEL, Otel, spec_decode_attributes
 from opentelemetry import trace
 from opentelemetry.trace import Span, StatusCode
+
+from reclaimed import collect
 
 PATHS = ["exhausted", "error", "close", "with", "break-close", "raise-in-with", "abandoned"]
 #: error.type each path leaves on the span (None: no error)
@@ -127,12 +128,12 @@ def drive_sync(client: Any, path: str, probe: ContextProbe, otel: Otel) -> None:
         probe()
         assert our_finished(otel) == []
         del stream
-        gc.collect()
+        collect()
         return
     probe()
     assert len(our_finished(otel)) == 1  # ended now, not at garbage collection
     del stream
-    gc.collect()
+    collect()
 
 
 async def drive_async(client: Any, path: str, probe: ContextProbe, otel: Otel) -> None:
@@ -171,12 +172,12 @@ async def drive_async(client: Any, path: str, probe: ContextProbe, otel: Otel) -
         probe()
         assert our_finished(otel) == []
         del stream
-        gc.collect()
+        collect()
         return
     probe()
     assert len(our_finished(otel)) == 1
     del stream
-    gc.collect()
+    collect()
 
 
 @pytest.mark.parametrize("with_parent", [False, True], ids=["no-parent", "user-parent"])
@@ -198,7 +199,7 @@ async def test_every_exit_path_ends_the_call_exactly_once(
             await drive_async(async_openai_client, path, probe, instrumented)
         probe()
         assert probe.checks >= 3
-    gc.collect()
+    collect()
 
     (span,) = instrumented.our_spans()
     assert len(instrumented.spans()) == (2 if with_parent else 1)

@@ -20,7 +20,6 @@ give the record of the JSON body at its end.
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import tracemalloc
 from collections.abc import Iterator
@@ -39,6 +38,7 @@ from instrumentation_helpers import (
 from opentelemetry.trace import StatusCode
 
 import spec_decode_otel
+from reclaimed import collect
 from reliability.loopback import LoopbackServer
 from spec_decode_otel.sse import MAX_EVENT_CHARS
 
@@ -374,12 +374,12 @@ async def leave_sync(client: Any, how: str, way: str, otel: Otel) -> BaseExcepti
             manager.__exit__(None, None, None)
         else:
             del pieces, response, manager
-            gc.collect()
+            collect()
             return None
     assert len(otel.our_spans()) == 1
     manager.__exit__(None, None, None)
     del pieces, response, manager
-    gc.collect()
+    collect()
     return caught
 
 
@@ -411,7 +411,7 @@ async def leave_async(client: Any, how: str, way: str, otel: Otel) -> BaseExcept
         else:
             del pieces, response, manager
             for _ in range(5):  # the event loop's finalizer closes the async generator
-                gc.collect()
+                collect()
                 await asyncio.sleep(0)
             return None
     assert len(otel.our_spans()) == 1
@@ -419,7 +419,7 @@ async def leave_async(client: Any, how: str, way: str, otel: Otel) -> BaseExcept
     if hasattr(pieces, "aclose"):
         await pieces.aclose()
     del pieces, response, manager
-    gc.collect()
+    collect()
     return caught
 
 
@@ -438,7 +438,7 @@ async def test_every_way_out_of_a_raw_read_ends_the_call_exactly_once(
         caught = await leave_sync(openai_client, how, way, instrumented)
     else:
         caught = await leave_async(async_openai_client, how, way, instrumented)
-    gc.collect()
+    collect()
 
     outcome, read_to_end, error = EXITS[way]
     span = instrumented.only_span()

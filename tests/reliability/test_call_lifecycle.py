@@ -22,10 +22,12 @@ from typing import Any
 import openai
 import pytest
 from opentelemetry import context as otel_context
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import StatusCode
 from reliability_helpers import API_KEY, Otel, canary_messages, instrumented, uninstrumented
 
 import spec_decode_otel
+from reclaimed import collect
 from spec_decode_otel import SpecDecodeInstrumentor, record_from_json
 from spec_decode_otel.telemetry import (
     ERROR_TYPE,
@@ -232,12 +234,13 @@ def in_thread(work: Callable[[], Any]) -> Any:
 
 
 @pytest.mark.parametrize("end", ["closed", "collected"])
-def test_a_stream_handed_between_threads_ends_once_on_the_thread_that_ends_it(
+def test_a_stream_handed_between_threads_ends_once_when_the_last_one_is_done_with_it(
     end: str, otel: Otel, openai_client: openai.OpenAI
 ) -> None:
     """Opened on one thread, read on a second, closed or dropped on a third (a worker
-    pool, a queue of streams): the call ends exactly when the third thread ends it,
-    once, with the caller's context untouched on every thread."""
+    pool, a queue of streams): the call ends once, when the third thread closes it (or,
+    dropped, once the collector has reclaimed it), with the caller's context untouched on
+    every thread."""
     context = otel_context.get_current()
     with instrumented(otel, genai_metrics=True):
         streams = [in_thread(lambda: openai_client.chat.completions.create(**chat(14)))]
@@ -246,11 +249,57 @@ def test_a_stream_handed_between_threads_ends_once_on_the_thread_that_ends_it(
         if end == "closed":
             in_thread(lambda: streams[0].close())
         else:
-            in_thread(lambda: (streams.clear(), gc.collect()))
+            in_thread(lambda: (streams.clear(), collect()))
         assert otel.counter.ended == 1
     assert otel_context.get_current() is context
     span = only_span(otel)
     assert span.attributes[SD_OUTCOME] == "not_read_to_end"
+    assert requests_by_outcome(otel) == {"not_read_to_end": 1}
+
+
+@pytest.mark.parametrize("kind", ["stream", "raw-response"])
+def test_a_reclaimed_call_never_ends_on_the_thread_the_collector_interrupted(
+    kind: str, otel: Otel, openai_client: openai.OpenAI
+) -> None:
+    """The garbage collector runs a dropped proxy's ``__del__`` on whatever thread it
+    interrupts, at any allocation, also inside a lock that ending the call needs. Here a
+    span processor holds its lock while the collector runs. In a stress run (abandoned
+    streams in reference cycles, a metric reader collecting, GenAI metrics on) the same
+    happened inside the SDK's histogram lock: the reader's thread deadlocked within
+    seconds on Python 3.11 and 3.13, and every thread after it. Now the call ends
+    once, on the finalizer thread, and the interrupted thread goes on."""
+    lock = threading.Lock()
+    ended_on: list[int] = []
+
+    class Guarded(SpanProcessor):
+        def on_end(self, span: ReadableSpan) -> None:
+            with lock:
+                ended_on.append(threading.get_ident())
+
+    otel.tracer_provider.add_span_processor(Guarded())
+    with instrumented(otel):
+        if kind == "stream":
+            dropped: Any = openai_client.chat.completions.create(**chat(22))
+            next(dropped)
+        else:
+            dropped = openai_client.chat.completions.with_raw_response.create(**chat(22))
+        cycle: list[Any] = [dropped]
+        cycle.append(cycle)  # only the cyclic collector can reclaim it
+        del dropped, cycle
+        assert otel.counter.ended == 0
+        collected = threading.Event()
+
+        def collect_holding_the_lock() -> None:
+            with lock:
+                gc.collect()
+            collected.set()
+
+        interrupted = threading.Thread(target=collect_holding_the_lock, daemon=True)
+        interrupted.start()
+        assert collected.wait(10), "the thread the collector interrupted deadlocked"
+        collect()
+    assert ended_on and interrupted.ident not in ended_on
+    assert only_span(otel).attributes[SD_OUTCOME] == "not_read_to_end"
     assert requests_by_outcome(otel) == {"not_read_to_end": 1}
 
 

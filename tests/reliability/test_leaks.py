@@ -39,6 +39,7 @@ from reliability_helpers import (
     sse_response,
 )
 
+from reclaimed import collect
 from spec_decode_otel.instrumentation.responses import (
     AsyncRawResponseProxy,
     SyncRawResponseProxy,
@@ -238,6 +239,7 @@ def test_abandoned_streams_are_finalized_by_gc(engine_payloads, quiet_otel: Otel
             del streams, stream
             assert quiet_otel.counter.open == 50
             del holder
+            collect()
             assert live_proxies() == 0
     finally:
         client.close()

@@ -16,6 +16,7 @@ included.
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -24,6 +25,7 @@ from typing import Any
 import wrapt
 
 from spec_decode_otel._logging import rate_limited, report_internal_error
+from spec_decode_otel.instrumentation import finalizer
 from spec_decode_otel.instrumentation.call import Call
 from spec_decode_otel.instrumentation.streams import (
     AsyncStreamProxy,
@@ -233,6 +235,7 @@ class _RawResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic
         self._self_parsed: tuple[Any, Any] | None = None
         #: Set once the user reads the body raw.
         self._self_raw: RawBody | None = None
+        finalizer.start()
 
     def _observe_parsed(self, parsed: Any) -> Any:
         try:
@@ -261,10 +264,11 @@ class _RawResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic
             self._self_call.finish_empty(read_to_end=False)
 
     def __del__(self) -> None:
-        try:
-            self._closed()
-        except Exception:
-            report_internal_error("raw.__del__")
+        raw, call = self._self_raw, self._self_call
+        if raw is not None:
+            finalizer.defer(raw.stop)
+        elif self._self_parsed is None:
+            finalizer.defer(functools.partial(call.finish_empty, read_to_end=False))
 
 
 class SyncRawResponseProxy(_RawResponseProxy):

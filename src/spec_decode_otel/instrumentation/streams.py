@@ -3,8 +3,9 @@
 One :class:`StreamObserver` holds everything a stream teaches us, with the shape of
 util-genai's stream wrapper: ``observe(chunk)`` per chunk, then exactly one of
 ``on_end`` (exhausted), ``on_error`` (the stream raised) or ``on_stop`` (closed, left
-its ``with`` block, or garbage-collected before its end). The sync and async proxies
-only forward to the SDK's stream and call those hooks.
+its ``with`` block, or garbage-collected before its end: then on the finalizer's thread,
+see :mod:`.finalizer`). The sync and async proxies only forward to the SDK's stream and
+call those hooks.
 
 A stream the user stops reading early is not an error: its span ends with status unset
 and ``spec_decode.read_to_end=false``, with whatever stats had arrived. So does one whose
@@ -26,6 +27,7 @@ from typing import Any
 import wrapt
 
 from spec_decode_otel._logging import report_internal_error
+from spec_decode_otel.instrumentation import finalizer
 from spec_decode_otel.instrumentation.call import MAX_FINISH_REASONS, RESPONSES_FINISH_REASONS, Call
 from spec_decode_otel.record import MAX_CHOICES
 
@@ -218,6 +220,7 @@ class _StreamProxyBase(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic 
         super().__init__(wrapped)
         self._self_observer = StreamObserver(call, hide_usage_chunk)
         self._self_response: Any = None
+        finalizer.start()
 
     @property
     def response(self) -> Any:
@@ -227,10 +230,7 @@ class _StreamProxyBase(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic 
         return self._self_response
 
     def __del__(self) -> None:
-        try:
-            self._self_observer.on_stop()
-        except Exception:
-            report_internal_error("stream.__del__")
+        finalizer.defer(self._self_observer.on_stop)
 
 
 class SyncStreamProxy(_StreamProxyBase):

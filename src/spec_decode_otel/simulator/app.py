@@ -133,6 +133,7 @@ class Simulator:
             for i in range(req.n * len(prompts))
         ]
         force_usage = cfg.force_include_usage and engine in ("vllm", "vllm-premerge")
+        counts = tuple(count_prompt_tokens(p) for p in prompts)
         return RequestPlan(
             kind=req.KIND,
             engine=engine,
@@ -141,9 +142,12 @@ class Simulator:
             model=req.model,
             request_id=request_id(engine, req.KIND),
             created=int(time.time()),
-            prompt_tokens=sum(count_prompt_tokens(p) for p in prompts),
+            prompt_tokens=sum(counts),
+            prompt_counts=counts,
             choices=choices,
             include_usage=req.include_usage or force_usage,
+            # vLLM 0.34.0 forces continuous usage with forced usage (``should_include_usage``)
+            continuous_usage=engine == "vllm" and (req.continuous_usage or force_usage),
             sglang_details=bool(req.return_spec_tokens_details),
             sglang_meta=sglang_meta,
             faults=faults,

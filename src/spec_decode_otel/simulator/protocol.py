@@ -18,6 +18,7 @@ Kind = Literal["chat", "completion", "responses"]
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
 
 
 class OpenAIRequest(BaseModel):
@@ -44,6 +45,14 @@ class OpenAIRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's ``continuous_usage_stats``: usage on every chunk, only with
+        ``include_usage`` (``serve/utils/api_utils.py`` ``should_include_usage``)."""
+        return self.include_usage and bool(
+            self.stream_options and self.stream_options.continuous_usage_stats
+        )
 
     def prompts(self) -> list[object]:
         """One entry per prompt; each prompt gets ``n`` sequences."""

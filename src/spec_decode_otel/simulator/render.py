@@ -48,6 +48,11 @@ class RequestPlan:
     sglang_details: bool
     sglang_meta: bool
     faults: frozenset[str] = field(default_factory=frozenset)
+    #: vLLM's ``continuous_usage_stats``: running usage on every chunk.
+    continuous_usage: bool = False
+    #: Prompt tokens of each prompt (a legacy completion can send several, each
+    #: answered by ``n`` choices); empty: one prompt of ``prompt_tokens``.
+    prompt_counts: tuple[int, ...] = ()
 
     @property
     def single(self) -> bool:
@@ -57,6 +62,11 @@ class RequestPlan:
     def sglang(self) -> bool:
         """Whether to answer exactly as the SGLang release does."""
         return self.engine in SGLANG_RELEASE
+
+    @property
+    def vllm(self) -> bool:
+        """Whether to answer exactly as the vLLM release does."""
+        return self.engine == "vllm"
 
     def usage(self) -> JSON:
         completion = sum(c.completion_tokens for c in self.choices)
@@ -68,6 +78,12 @@ class RequestPlan:
                 "prompt_tokens_details": None,
                 "reasoning_tokens": 0,
                 "completion_tokens_details": None,
+            }
+        if self.vllm:  # vLLM's UsageInfo field order; null details only in a body
+            return {
+                "prompt_tokens": self.prompt_tokens,
+                "total_tokens": self.prompt_tokens + completion,
+                "completion_tokens": completion,
             }
         usage: JSON = {
             "prompt_tokens": self.prompt_tokens,
@@ -87,14 +103,18 @@ class RequestPlan:
 
         A body is dumped whole (vLLM 0.34.0 ``chat_completion/api_router.py``:
         ``model_dump()``), so below the detailed level its ``SpeculativeDecodingMetrics``
-        says ``per_step_accepted: null``; the usage chunk (``exclude_unset``) leaves the
-        unset per-step keys out (``v1/metrics/stats.py`` ``RequestSpecDecodeMetrics.
-        to_dict`` sets them only when populated)."""
+        says ``per_step_accepted: null``, and without spec-decode stats its
+        ``PerRequestMetrics`` says ``speculative_decoding: null``; the usage chunk
+        (``exclude_unset``, ``exclude_none``) leaves the unset per-step keys out
+        (``v1/metrics/stats.py`` ``RequestSpecDecodeMetrics.to_dict`` sets them only when
+        populated)."""
         if self.engine != "vllm" or not self.single:
             return None
         gen = self.choices[0].generation
         out = shapes.vllm_timing_metrics(gen, self.prompt_tokens)
-        if self.level != "none":
+        if self.level == "none" and body:
+            out["speculative_decoding"] = None
+        elif self.level != "none":
             stats = shapes.vllm_merged(gen, self.profile, self.level)
             if body:
                 stats.setdefault("per_step_accepted", None)
@@ -172,16 +192,12 @@ class RequestPlan:
         choice = {"index": c.index, key: content, "logprobs": None, "finish_reason": finish}
         if self.sglang:
             choice["matched_stop"] = c.matched_stop if finish else None
-        elif self.engine == "vllm" and (finish or self.kind == "completion"):
-            # vLLM 0.34.0: the stop string that matched, else null (EOS, length); set on
-            # every completions chunk and on a chat stream's finish chunk only
-            # (``chat_completion/serving.py``, ``completion/serving.py``, exclude_unset)
-            stop = c.matched_stop if finish else None
-            choice["stop_reason"] = stop if isinstance(stop, str) else None
         return {**choice, **self.trtllm_average(c, steps)}
 
     def response(self) -> JSON:
         """The non-streamed body."""
+        if self.vllm:
+            return self._vllm_response()
         choices = []
         for c in self.choices:
             steps = c.generation.num_spec_steps
@@ -205,15 +221,156 @@ class RequestPlan:
             out["metadata"] = {"weight_version": shapes.SGLANG_WEIGHT_VERSION}
         else:
             out["system_fingerprint"] = None
-        if self.engine == "vllm":
-            out["metrics"] = self.vllm_metrics(body=True)
-        elif self.engine in SGLANG_FAMILY:
+        if self.engine in SGLANG_FAMILY:
             ext = self.sglext()
             if ext is not None:
                 out["sglext"] = ext
         elif self.engine in TIMINGS_FAMILY:
             out["timings"] = self.llamacpp_timings()
         return out
+
+    # --- vLLM 0.34.0, field for field ------------------------------------------------
+
+    @staticmethod
+    def _stop_reason(c: ChoicePlan) -> str | None:
+        """vLLM's ``stop_reason``: the stop string that matched; null for EOS (the
+        simulated model has no stop token ids) and the length limit."""
+        return c.matched_stop if isinstance(c.matched_stop, str) else None
+
+    def _vllm_response(self) -> JSON:
+        """vLLM 0.34.0's body: ``ChatCompletionResponse`` / ``CompletionResponse``
+        (``chat_completion/protocol.py``, ``completion/protocol.py``) dumped whole
+        (``api_router.py``: ``JSONResponse(content=generator.model_dump())``), so every
+        field is sent, null or not, in the models' order. Left out all the same: the
+        message's ``annotations`` (``exclude_if`` None) and its empty ``tool_calls``
+        (``ChatMessage._serialize`` pops them), the usage's null
+        ``prompt_tokens_details`` (``exclude_if``)."""
+        chat = self.kind == "chat"
+        choices = []
+        for c in self.choices:
+            head: JSON
+            if chat:
+                message = {
+                    "role": "assistant",
+                    "content": c.text,
+                    "refusal": None,
+                    "audio": None,
+                    "function_call": None,
+                    "reasoning": None,
+                }
+                head = {"index": c.index, "message": message}
+            else:
+                head = {"index": c.index, "text": c.text}
+            choice: JSON = {
+                **head,
+                "logprobs": None,
+                "finish_reason": c.finish_reason,
+                "stop_reason": self._stop_reason(c),
+                "token_ids": None,
+            }
+            if not chat:
+                choice.update(prompt_logprobs=None, prompt_token_ids=None)
+            choices.append({**choice, "routed_experts": None, "weight_versions": None})
+        out: JSON = {
+            "id": self.request_id,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "service_tier": None,
+            "system_fingerprint": shapes.VLLM_SYSTEM_FINGERPRINT,
+            "usage": {**self.usage(), "completion_tokens_details": None},
+        }
+        if chat:
+            out.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+        out.update(kv_transfer_params=None, ec_transfer_params=None)
+        out["metrics"] = self.vllm_metrics(body=True)
+        return out
+
+    def _running_usage(self, c: ChoicePlan, tokens: int) -> JSON:
+        """``continuous_usage_stats``: the choice's own tokens so far against its prompt.
+        Chat sets ``completion_tokens_details`` (null without a reasoning parser), so
+        ``exclude_unset`` keeps it; completions do not."""
+        if not self.continuous_usage:
+            return {}
+        counts = self.prompt_counts or (self.prompt_tokens,)
+        prompt = counts[c.index // (len(self.choices) // len(counts))]
+        usage: JSON = {
+            "prompt_tokens": prompt,
+            "total_tokens": prompt + tokens,
+            "completion_tokens": tokens,
+        }
+        if self.kind == "chat":
+            usage["completion_tokens_details"] = None
+        return {"usage": usage}
+
+    def _vllm_chunks(self) -> Iterator[JSON]:
+        """vLLM 0.34.0's stream (``chat_completion/serving.py``
+        ``chat_completion_stream_generator``, ``completion/serving.py``
+        ``completion_stream_generator``): chunks dumped with ``exclude_unset``, so a
+        field is sent, null or not, where the server sets it.
+
+        Chat: one role chunk per choice (``prompt_token_ids`` and ``prompt_text`` null),
+        then one chunk per engine step, empty text included, each with ``logprobs``,
+        ``token_ids`` and the root ``kv_transfer_params`` null; the step that finishes a
+        choice carries its last text with ``finish_reason``, ``stop_reason`` and
+        ``weight_versions``. Completions: the same steps, each choice with every field
+        (``stop_reason`` and the token fields null until the last). The last chunk of a
+        choice has ``system_fingerprint`` unless a usage chunk follows; that chunk
+        (``exclude_none``: no null) has ``usage``, ``system_fingerprint`` and the
+        ``metrics`` (n = 1, one prompt). ``continuous_usage_stats`` puts each choice's
+        running usage on every chunk of it.
+        """
+        chat = self.kind == "chat"
+        fingerprint = shapes.VLLM_SYSTEM_FINGERPRINT
+        if chat:
+            for c in self.choices:
+                role: JSON = {
+                    "index": c.index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+                root = {**self._running_usage(c, 0), "prompt_token_ids": None, "prompt_text": None}
+                yield self._chunk(role, **root)
+        longest = max(len(c.pieces) for c in self.choices)
+        for step in range(longest):
+            for c in self.choices:
+                if step >= len(c.pieces):
+                    continue
+                done = step == len(c.pieces) - 1
+                finish, stop = (c.finish_reason, self._stop_reason(c)) if done else (None, None)
+                choice: JSON
+                if chat:
+                    delta = {"content": c.pieces[step]}
+                    choice = {"index": c.index, "delta": delta, "logprobs": None}
+                    choice["finish_reason"] = finish
+                    if done:  # the only chat choice vLLM builds with these
+                        choice.update(stop_reason=stop, token_ids=None, weight_versions=None)
+                    else:
+                        choice["token_ids"] = None
+                else:
+                    choice = {
+                        "index": c.index,
+                        "text": c.pieces[step],
+                        "logprobs": None,
+                        "finish_reason": finish,
+                        "stop_reason": stop,
+                        "prompt_token_ids": None,
+                        "token_ids": None,
+                        "weight_versions": None,
+                    }
+                tokens = 1 + sum(c.generation.step_tokens()[:step])
+                root = self._running_usage(c, tokens)
+                if done and not self.include_usage:
+                    root["system_fingerprint"] = fingerprint
+                yield self._chunk(choice, **root, kv_transfer_params=None)
+        if self.include_usage:
+            chunk = self._chunk(usage=self.usage(), system_fingerprint=fingerprint)
+            metrics = self.vllm_metrics()
+            if metrics is not None:
+                chunk["metrics"] = metrics
+            yield chunk
 
     def _chunk(self, *choices: JSON, **root: object) -> JSON:
         return {
@@ -241,6 +398,9 @@ class RequestPlan:
         if self.sglang:
             yield from self._sglang_chunks()
             return
+        if self.vllm:
+            yield from self._vllm_chunks()
+            return
         if self.kind == "chat":
             for c in self.choices:
                 yield self._chunk(self._delta(c, 0, {"role": "assistant", "content": ""}))
@@ -263,10 +423,7 @@ class RequestPlan:
 
         if self.include_usage:
             chunk = self._chunk(usage=self.usage())
-            metrics = self.vllm_metrics()
-            if metrics is not None:  # the usage chunk is dumped with exclude_none
-                chunk["metrics"] = metrics
-            elif self.engine in TIMINGS_FAMILY:
+            if self.engine in TIMINGS_FAMILY:
                 # (mlx-vlm sends its draft counters on this chunk only)
                 chunk["timings"] = self.llamacpp_timings()
             yield chunk

@@ -52,6 +52,11 @@ def vllm_premerge(gen: Generation, profile: AcceptanceProfile, level: str) -> JS
     return out
 
 
+#: vLLM 0.34.0's ``system_fingerprint`` (``serve/utils/fingerprint.py``, default mode
+#: ``full``: ``vllm-<version>-<first 8 hex of hash_config(vllm_config)>``, one GPU).
+VLLM_SYSTEM_FINGERPRINT = "vllm-0.34.0-5ec0de0d"
+
+
 #: SGLang's ``--weight-version`` default, echoed in ``meta_info`` and the body's ``metadata``.
 SGLANG_WEIGHT_VERSION = "default"
 

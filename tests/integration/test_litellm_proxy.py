@@ -76,8 +76,11 @@ ENGINES = sorted({engine for engine, _ in SHAPES.values()})
 ONLY_CHAT_JSON = {"sglang-meta-info"}
 #: Where each shape puts its stats, as the engine sends them.
 ROOT_FIELDS = {"vllm": "metrics", "sglang": "sglext", "llamacpp": "timings", "mlx-vlm": "timings"}
+#: vLLM 0.34.0 dumps every field of its choice models (``ChatCompletionResponseChoice``,
+#: ``CompletionResponseChoice``), null ones included.
+VLLM_CHOICE_FIELDS = {"stop_reason", "token_ids", "routed_experts", "weight_versions"}
 CHOICE_FIELDS = {
-    "vllm": {"stop_reason"},
+    "vllm": VLLM_CHOICE_FIELDS,
     "vllm-premerge": {"speculative_decoding_stats"},
     "sglang": {"matched_stop"},
     "sglang-meta-info": {"meta_info", "matched_stop"},
@@ -85,8 +88,10 @@ CHOICE_FIELDS = {
     "trtllm": {"speculative_decoding", "avg_decoded_tokens_per_iter"},
     "trtllm-released": {"avg_decoded_tokens_per_iter"},
 }
+#: A text completion body's vLLM choice adds the prompt's fields.
+COMPLETION_CHOICE_FIELDS = {"vllm": VLLM_CHOICE_FIELDS | {"prompt_logprobs", "prompt_token_ids"}}
 #: Choice fields LiteLLM knows beside OpenAI's: a chat body keeps them on the choice too.
-KNOWN_CHOICE_FIELDS = {"vllm": {"stop_reason"}}
+KNOWN_CHOICE_FIELDS = {"vllm": {"stop_reason", "token_ids"}}
 STATS_ROOT_FIELDS = frozenset({"metrics", "sglext", "timings"})
 STATS_CHOICE_FIELDS = frozenset({"speculative_decoding", "speculative_decoding_stats", "meta_info"})
 
@@ -313,7 +318,8 @@ def test_a_body_keeps_the_engines_record(
     ``avg_decoded_tokens_per_iter``, pre-merge vLLM's ``speculative_decoding_stats``,
     SGLang's and TokenSpeed's ``meta_info``, SGLang's ``matched_stop``) move into
     ``choices[i].provider_specific_fields`` (``{}`` when there are none; vLLM's
-    ``stop_reason``, which LiteLLM knows, is copied there and stays); a text
+    ``stop_reason`` and ``token_ids``, which LiteLLM knows, are copied there and stay;
+    vLLM's null ``routed_experts`` and ``weight_versions`` move); a text
     completion keeps them on the choice; root ``metrics``, ``sglext``, ``timings`` and
     the ``usage`` pair (smg) stay. The span's ``spec_decode.*`` is the record of the
     engine's direct answer to the same seeded request."""
@@ -336,7 +342,8 @@ def test_a_body_keeps_the_engines_record(
         assert set(moved) == CHOICE_FIELDS.get(case.shape, set())
     else:
         assert moved is None
-        assert extra_choice_fields(choice) == CHOICE_FIELDS.get(case.shape, set())
+        expected = COMPLETION_CHOICE_FIELDS.get(case.shape) or CHOICE_FIELDS.get(case.shape, set())
+        assert extra_choice_fields(choice) == expected
     root = ROOT_FIELDS.get(case.shape)
     if root is not None:
         assert proxied[root] == sent[root]
@@ -455,3 +462,83 @@ def test_the_simulators_imitation_is_what_the_proxy_sends(
     proxied = through_proxy(litellm_proxy, case)
     imitated = direct(simulator_url, case, gateway="litellm-proxy")
     assert comparable(imitated) == comparable(proxied)
+
+
+#: vLLM 0.34.0 answers the proxy rebuilds differently: a matched stop string
+#: (``stop_reason``, the last text empty), a stream without the usage chunk (vLLM puts
+#: ``system_fingerprint`` on the finish chunk) and one with usage on every chunk.
+VLLM_VARIANTS: dict[str, dict[str, Any]] = {
+    "stop-string": {"stop": [" cache"]},
+    "no-usage": {"stream_options": None},
+    "continuous-usage": {"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+}
+VLLM_VARIANT_CASES = [
+    (Case("hosted_vllm", "vllm", api, stream), variant)
+    for api in ("chat", "completions")
+    for stream in (False, True)
+    for variant in VLLM_VARIANTS
+    if stream or variant == "stop-string"
+]
+
+
+def vllm_variant(proxy: Proxy, simulator_url: str, case: Case, variant: str) -> tuple[Any, ...]:
+    """What the engine sent, what the proxy sent, what the imitation sends."""
+    body = {k: v for k, v in {**case.body(), **VLLM_VARIANTS[variant]}.items() if v is not None}
+    engine = {"x-spec-decode-engine": "vllm", "x-sim-seed": str(SEED)}
+    direct_url = simulator_url + case.path()
+    return (
+        post(direct_url, {**body, "model": MODEL}, engine),
+        post(
+            proxy.base_url + case.path(),
+            {**body, "model": model_name(case.route, case.engine)},
+            {"authorization": f"Bearer {proxy.key}"},
+        ),
+        post(direct_url, {**body, "model": MODEL}, {**engine, "x-sim-gateway": "litellm-proxy"}),
+    )
+
+
+@pytest.mark.parametrize(
+    "case,variant", VLLM_VARIANT_CASES, ids=[f"{case_id(c)}-{v}" for c, v in VLLM_VARIANT_CASES]
+)
+def test_the_imitation_is_what_the_proxy_sends_for_vllm_stop_strings_and_usage_options(
+    case: Case, variant: str, litellm_proxy: Proxy, simulator_url: str
+) -> None:
+    """LiteLLM 1.110.2 proxy, real process, against the imitation, on vLLM 0.34.0
+    answers the default request does not give: the stop string matched (the seeded text
+    holds it), no usage chunk, usage on every chunk (which the proxy drops from every
+    chunk but the last)."""
+    sent, proxied, imitated = vllm_variant(litellm_proxy, simulator_url, case, variant)
+    if variant == "stop-string":
+        reasons = [
+            c.get("stop_reason") for p in (sent if case.stream else [sent]) for c in p["choices"]
+        ]
+        assert " cache" in reasons
+    assert comparable(imitated) == comparable(proxied)
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_the_proxy_sends_a_vllm_finish_chunk_text_first_then_the_finish_reason(
+    api: str, litellm_proxy: Proxy, simulator_url: str
+) -> None:
+    """LiteLLM 1.110.2 proxy, real process: vLLM 0.34.0 puts a sequence's last text on
+    its finish chunk (``chat_completion/serving.py`` ``chat_completion_stream_generator``,
+    ``completion/serving.py`` ``completion_stream_generator``); the proxy sends that
+    text on a chunk of its own, with ``stop_reason`` (and, chat, ``token_ids``), then the
+    ``finish_reason`` with no text. A chat finish chunk sent so gets the stream's
+    ``system_fingerprint`` (wherever vLLM sent it: here, no usage chunk asked for, on its
+    finish chunk); a text completion chunk never has one."""
+    case = Case("hosted_vllm", "vllm", api, True)
+    sent, proxied, _ = vllm_variant(litellm_proxy, simulator_url, case, "no-usage")
+    (last,) = sent[-1]["choices"]
+    text = "content" if api == "chat" else "text"
+    assert last["finish_reason"] and (last.get("delta") or last)[text]
+    (text_part,) = proxied[-2]["choices"]
+    (finish_part,) = proxied[-1]["choices"]
+    assert (text_part.get("delta") or text_part)[text] == (last.get("delta") or last)[text]
+    assert "finish_reason" not in text_part and "stop_reason" in text_part
+    assert finish_part["finish_reason"] == last["finish_reason"]
+    assert not (finish_part.get("delta") or {}).get("content") and not finish_part.get("text")
+    if api == "chat":
+        assert proxied[-1]["system_fingerprint"] == sent[-1]["system_fingerprint"]
+    else:
+        assert not any("system_fingerprint" in c for c in proxied)

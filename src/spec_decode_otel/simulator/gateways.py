@@ -7,31 +7,41 @@ as observed from the real proxy in front of this simulator
 
 - a chat body: each choice's non-standard fields move into
   ``choices[i].provider_specific_fields`` (always present, ``{}`` when nothing moved;
-  a null field moves as null), vLLM's ``stop_reason`` staying on the choice as well;
-  a null ``reasoning_content`` (SGLang) leaves the message; root fields (``metrics``,
-  ``sglext``, ``timings``) stay, except a null one, which is dropped (vLLM's
-  ``"metrics": null`` for n > 1); ``usage`` loses its null fields and SGLang's
-  top-level ``reasoning_tokens``;
+  a null field moves as null), vLLM's ``stop_reason`` and ``token_ids`` staying on the
+  choice as well; the message keeps ``role``, ``content`` and a sent ``refusal``, drops
+  its other null OpenAI fields (vLLM's ``audio`` and ``function_call``, SGLang's
+  ``reasoning_content``) and moves any other field (vLLM's ``reasoning``) into its own
+  ``provider_specific_fields``; root fields (``metrics``, ``sglext``, ``timings``)
+  stay, except a null one, which is dropped (vLLM's ``service_tier``, its null
+  ``prompt_*`` and ``*_transfer_params``, its ``"metrics": null`` for n > 1); ``usage``
+  loses its null fields and SGLang's top-level ``reasoning_tokens``;
 - a text completion body: choices and root unchanged (fields stay where the engine put
   them, nulls included), plus ``system_fingerprint: null`` when the engine sent none
   (SGLang); ``usage`` gains ``completion_tokens_details`` and ``prompt_tokens_details``
   as null when the engine sent none and loses SGLang's ``reasoning_tokens``, and
   engine-sent details (the smg pair) gain every other field of LiteLLM's model as null;
-- a stream (chat or text completion): every chunk is rebuilt. Root fields other than
-  ``usage`` are dropped (vLLM's ``metrics``, llama.cpp's and mlx-vlm's ``timings``), a
+- a stream (chat or text completion, one sequence): every chunk is rebuilt. Root fields
+  other than ``usage`` are dropped (vLLM's ``metrics`` and null fields, llama.cpp's and
+  mlx-vlm's ``timings``) but a chat stream's ``system_fingerprint`` (below); ``usage``
+  stays on the chunk without choices only (vLLM's ``continuous_usage_stats`` go); a
   chunk left with neither choices nor usage is not sent (SGLang's ``sglext`` chunk; the
   real proxy sends it as an empty ``{"choices": []}`` on a chat stream that asked for
   usage: nothing an adapter reads, so not imitated),
   ``finish_reason`` and ``logprobs`` are sent only when not null, a null
   ``reasoning_content`` leaves the delta, and a choice keeps its non-null
   non-standard fields only on a chat chunk before the finish chunk (TensorRT-LLM's
-  running ``avg_decoded_tokens_per_iter``; SGLang's null ``matched_stop`` goes): the
-  finish chunk's stats are dropped, and it keeps only vLLM's ``stop_reason``. A text
-  completion chunk carrying both text and the finish reason (SGLang's last one) comes
-  as two: the text, then the finish. The usage chunk loses ``prompt_tokens_details``
+  running ``avg_decoded_tokens_per_iter``; SGLang's null ``matched_stop`` goes), and
+  vLLM's ``token_ids`` there even null: the finish chunk's stats are dropped, and it
+  keeps only vLLM's ``stop_reason``, with no text. A chunk carrying both text and the
+  finish reason (vLLM's last one, SGLang's last completions one) comes as two: the text
+  (with ``stop_reason``), then the finish; on a chat stream that finish carries the
+  stream's ``system_fingerprint`` (the proxy sends it once the stream has ended), as
+  does the usage chunk. The usage chunk loses ``prompt_tokens_details``
   when null and SGLang's ``reasoning_tokens``, keeps the engine's
   ``completion_tokens_details`` (the smg pair) adding ``reasoning_tokens`` there;
-  without them it gets ``reasoning_tokens`` and ``text_tokens``.
+  without them it gets ``reasoning_tokens`` and ``text_tokens``. (With several
+  sequences the real proxy sends one role chunk and one finish chunk, in an order of
+  its own: not imitated.)
 
 Only what an adapter could read is imitated: ids, ``created``, the ``model`` the proxy
 renames to its own model name, and key order are left as the engine's.
@@ -57,6 +67,16 @@ _CHUNK_ROOT_FIELDS = ("id", "object", "created", "model")
 #: on a chat body's choice (and is copied into ``provider_specific_fields`` too) and on
 #: a stream's finish chunk.
 _STOP_REASON = "stop_reason"
+#: The other one (vLLM's ``token_ids``): it stays on a chat body's choice and on a chat
+#: stream's chunks before the finish, null or not.
+_TOKEN_IDS = "token_ids"
+#: The message fields of LiteLLM's ``Message``: ``role``, ``content`` and a sent
+#: ``refusal`` stay, null or not; the others only when not null. Any other field
+#: (vLLM's ``reasoning``) moves into the message's ``provider_specific_fields``.
+_MESSAGE_FIELDS = frozenset(
+    {"tool_calls", "function_call", "audio", "reasoning_content", "annotations"}
+)
+_MESSAGE_KEPT_FIELDS = frozenset({"role", "content", "refusal"})
 #: Every field of LiteLLM's ``CompletionTokensDetails``, null unless the engine sent it.
 _COMPLETION_TOKENS_DETAILS = dict.fromkeys(
     (
@@ -87,9 +107,9 @@ def litellm_proxy_body(body: JSON, kind: str) -> JSON:
     choices = []
     for choice in body.get("choices") or ():
         kept = {
-            k: _without_null_reasoning(v) if k == "message" else v
+            k: _body_message(v) if k == "message" else v
             for k, v in choice.items()
-            if k in _STANDARD_CHOICE_FIELDS or k == _STOP_REASON
+            if k in _STANDARD_CHOICE_FIELDS or k in (_STOP_REASON, _TOKEN_IDS)
         }
         moved = {k: v for k, v in choice.items() if k not in _STANDARD_CHOICE_FIELDS}
         choices.append({**kept, "provider_specific_fields": moved})
@@ -101,6 +121,21 @@ def litellm_proxy_body(body: JSON, kind: str) -> JSON:
     return {**root, "choices": choices}
 
 
+def _body_message(message: object) -> object:
+    """A chat body's message as LiteLLM's ``Message`` rebuilds it."""
+    if not isinstance(message, dict):
+        return message
+    out = {
+        k: v
+        for k, v in message.items()
+        if k in _MESSAGE_KEPT_FIELDS or (k in _MESSAGE_FIELDS and v is not None)
+    }
+    moved = {k: v for k, v in message.items() if k not in _MESSAGE_KEPT_FIELDS | _MESSAGE_FIELDS}
+    if moved:
+        out["provider_specific_fields"] = moved
+    return out
+
+
 def _without_null_reasoning(part: object) -> object:
     """A message or delta without SGLang's null ``reasoning_content``."""
     if isinstance(part, dict) and part.get("reasoning_content", ...) is None:
@@ -109,51 +144,76 @@ def _without_null_reasoning(part: object) -> object:
 
 
 def litellm_proxy_chunks(chunks: Iterable[JSON], kind: str) -> Iterator[JSON]:
-    """A chat or text completion stream as LiteLLM's proxy rebuilds it."""
+    """A chat or text completion stream as LiteLLM's proxy rebuilds it (one sequence:
+    the real proxy sends several sequences' finish chunks in an order of its own)."""
+    chunks = list(chunks)
+    fingerprint = next(
+        (c["system_fingerprint"] for c in chunks if c.get("system_fingerprint")), None
+    )
     for chunk in chunks:
         raw_choices = chunk.get("choices") or ()
-        if kind != "chat" and any(c.get("text") and c.get("finish_reason") for c in raw_choices):
+        if any(_text(c, kind) and c.get("finish_reason") for c in raw_choices):
             # the text and the finish come as two chunks
-            yield from litellm_proxy_chunks([_split(chunk, finish=False)], kind)
-            chunk = _split(chunk, finish=True)
-            raw_choices = chunk["choices"]
-        choices = [_stream_choice(c, kind) for c in raw_choices]
-        usage = chunk.get("usage")
+            text = [_stream_choice({**c, "finish_reason": None}, kind, True) for c in raw_choices]
+            yield _chunk(chunk, text)
+            finish = [_stream_choice(_without_text(c), kind, True) for c in raw_choices]
+            # chat: the proxy sends this one once the stream has ended: with its fingerprint
+            yield _chunk(chunk, finish, fingerprint if kind == "chat" else None)
+            continue
+        choices = [_stream_choice(c, kind, c.get("finish_reason") is not None) for c in raw_choices]
+        usage = chunk.get("usage") if not choices else None
         if not choices and not usage:
             continue
-        out: JSON = {k: chunk[k] for k in _CHUNK_ROOT_FIELDS if k in chunk}
-        out["choices"] = choices
+        # the usage chunk of a chat stream keeps its fingerprint; no other chunk does
+        kept = chunk.get("system_fingerprint") if kind == "chat" and not choices else None
+        out = _chunk(chunk, choices, kept)
         if usage:
             out["usage"] = _stream_usage(usage)
         yield out
 
 
-def _split(chunk: JSON, *, finish: bool) -> JSON:
-    """A text completion chunk's text part (``finish=False``) or its finish part."""
-    if finish:
-        choices = [{**c, "text": ""} for c in chunk["choices"]]
-    else:
-        choices = [{**c, "finish_reason": None} for c in chunk["choices"]]
-    return {**chunk, "choices": choices}
+def _chunk(chunk: JSON, choices: list[JSON], fingerprint: object = None) -> JSON:
+    out: JSON = {k: chunk[k] for k in _CHUNK_ROOT_FIELDS if k in chunk}
+    if fingerprint:
+        out["system_fingerprint"] = fingerprint
+    out["choices"] = choices
+    return out
 
 
-def _stream_choice(choice: JSON, kind: str) -> JSON:
+def _text(choice: JSON, kind: str) -> object:
+    if kind == "chat":
+        return (choice.get("delta") or {}).get("content")
+    return choice.get("text")
+
+
+def _without_text(choice: JSON) -> JSON:
+    return {**choice, "delta": {}} if "delta" in choice else {**choice, "text": ""}
+
+
+def _stream_choice(choice: JSON, kind: str, finished: bool) -> JSON:
+    """One choice of a rebuilt chunk; ``finished``: of the engine's finish chunk (its text
+    part too, which keeps ``stop_reason``)."""
     out: JSON = {"index": choice.get("index", 0)}
     finish = choice.get("finish_reason")
     if kind == "chat":
-        out["delta"] = _without_null_reasoning(choice.get("delta") or {})
+        delta = _without_null_reasoning(choice.get("delta") or {})
+        if finish is not None and isinstance(delta, dict) and delta.get("content") == "":
+            delta = {k: v for k, v in delta.items() if k != "content"}
+        out["delta"] = delta
         if finish is None:  # the chunks before the finish chunk keep the engine's extras
             out.update(
                 (k, v)
                 for k, v in choice.items()
-                if k not in _STANDARD_CHOICE_FIELDS and v is not None
+                if k not in _STANDARD_CHOICE_FIELDS
+                and k != _STOP_REASON
+                and (v is not None or k == _TOKEN_IDS)
             )
     elif finish is None or choice.get("text"):
         out["text"] = choice.get("text", "")
     if finish is not None:
         out["finish_reason"] = finish
-        if _STOP_REASON in choice:
-            out[_STOP_REASON] = choice[_STOP_REASON]
+    if finished and _STOP_REASON in choice:
+        out[_STOP_REASON] = choice[_STOP_REASON]
     if choice.get("logprobs") is not None:
         out["logprobs"] = choice["logprobs"]
     return out

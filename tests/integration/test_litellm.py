@@ -394,6 +394,49 @@ async def test_two_callbacks_still_give_one_record(otel: Otel, simulator_url: st
     assert requests_by_outcome(otel) == {"recorded": 2}
 
 
+@pytest.mark.parametrize("provider", ["hosted_vllm", "openai"])
+async def test_a_text_stream_read_as_the_proxy_reads_it_has_one_span(
+    provider: str, otel: Otel, simulator_url: str
+) -> None:
+    """The LiteLLM 1.110.2 proxy reads a streamed text completion in three contexts that
+    share no context variable: ``atext_completion`` starts the call in a worker thread
+    (main.py), the proxy fetches the first chunk in a task of its own
+    (``_buffer_first_chunk_honoring_disconnect``, proxy/common_request_processing.py,
+    which sends the SDK request) and Starlette's response task reads the rest. Read so
+    here, two streams at once: one span each, the openai wrapper's, with its stream's
+    record (the callback knows the call by the response id of the stream the wrapper read).
+    """
+    otel.instrument()
+    engines = ("vllm", "sglang")
+    requests = [
+        request_kwargs(engine, "completions", True, seed_for("proxy-read", engine))
+        for engine in engines
+    ]
+    streams = [
+        await litellm.atext_completion(**litellm_kwargs(provider, r, simulator_url))
+        for r in requests
+    ]
+    await asyncio.gather(*(asyncio.ensure_future(s.__anext__()) for s in streams))
+
+    async def rest(stream: Any) -> None:
+        async for _ in stream:
+            pass
+
+    await asyncio.gather(*(asyncio.create_task(rest(s)) for s in streams))
+
+    spans = await settled_spans(otel, 2)
+    assert len(spans) == 2
+    by_engine = {s.attributes.get("spec_decode.engine"): s for s in spans}
+    assert sorted(by_engine, key=str) == sorted(engines)
+    for engine, request in zip(engines, requests, strict=True):
+        payload = raw_payload(simulator_url, "completions", request)
+        record = spec_decode_otel.record_from_json(payload)
+        assert record is not None and record.engine == engine
+        check_span(by_engine[engine], simulator_url, record, "text_completion")
+    counted = otel.points(otel.metrics(), "spec_decode.requests")
+    assert sum(p.value for p in counted) == 2
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_span_joins_the_callers_trace_with_its_attributes(
     mode: str, otel: Otel, simulator_url: str

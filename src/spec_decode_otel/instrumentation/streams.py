@@ -29,6 +29,7 @@ import wrapt
 from spec_decode_otel._logging import report_internal_error
 from spec_decode_otel.instrumentation import finalizer
 from spec_decode_otel.instrumentation.call import MAX_FINISH_REASONS, RESPONSES_FINISH_REASONS, Call
+from spec_decode_otel.integrations import note_openai_stream
 from spec_decode_otel.record import MAX_CHOICES
 
 #: Chunks kept for detection: only those carrying something adapters read. "Last wins"
@@ -61,7 +62,7 @@ class StreamObserver:
         """
         try:
             if self.first_at is None:
-                self._first(getattr(chunk, "model", None))
+                self._first(getattr(chunk, "model", None), getattr(chunk, "id", None))
             if not hasattr(chunk, "choices"):
                 return self._observe_event(chunk)
             choices = chunk.choices or ()
@@ -87,7 +88,8 @@ class StreamObserver:
             response = payload.get("response")
             if self.first_at is None:
                 holder = payload if isinstance(choices, list) else response
-                self._first(holder.get("model") if isinstance(holder, Mapping) else None)
+                holder = holder if isinstance(holder, Mapping) else {}
+                self._first(holder.get("model"), holder.get("id"))
             if not isinstance(choices, list):
                 # A Responses API event: the finished response comes last, so every event
                 # may be kept (the deque keeps the last ones).
@@ -126,9 +128,11 @@ class StreamObserver:
 
     # -- what both kinds of chunk note --------------------------------------------------
 
-    def _first(self, model: Any) -> None:
+    def _first(self, model: Any, response_id: Any) -> None:
         self.first_at = time.perf_counter()
         self.model = model if isinstance(model, str) else None
+        # A LiteLLM call this stream carries is ours: its callback must not record it too.
+        note_openai_stream(response_id, self.call.plan.server)
 
     def _note_choice(self, index: Any, non_standard: bool, reason: Any) -> bool:
         """One choice of a chunk; True when it carries something adapters read."""

@@ -20,6 +20,16 @@ holds what the instrumentor needs whether LiteLLM is installed or not.
   - the sequence number of the last SDK request in this context: an async call starts in
     a worker thread, but its SDK request runs in the caller's task, and LiteLLM's logging
     task, which reports the call's end, is created from that task.
+
+  Neither reaches a streamed text completion in the LiteLLM proxy, which runs the call in
+  three contexts that see nothing of each other: LiteLLM starts it in a worker thread,
+  the proxy reads its first chunk (so sends the SDK request) in a task of its own, and
+  reads the rest, at whose end LiteLLM reports the call ended, in Starlette's response
+  task. For streams the wrapper also notes the response id the server sent and the server
+  it called (:func:`note_openai_stream`); the callback skips a streamed call whose
+  response carries an id and server noted after the call started, and takes the note, so
+  one SDK stream excuses one call (:func:`took_openai_stream`). The wrapper reads the
+  stream, so notes its first chunk, before LiteLLM's reader of it can reach its end.
 """
 
 from __future__ import annotations
@@ -27,7 +37,9 @@ from __future__ import annotations
 import contextvars
 import importlib.util
 import itertools
+import sys
 import threading
+from collections import OrderedDict
 from typing import Any
 
 import wrapt
@@ -75,6 +87,39 @@ def note_openai_request() -> None:
     mark = current_mark.get()
     if mark is not None and not mark.decided:
         mark.via_sdk = True
+
+
+#: SDK streams noted and not yet taken, kept at most (a stream no LiteLLM call took,
+#: e.g. the application's own openai call, is forgotten eventually).
+MAX_STREAMS = 4096
+#: (response id, ``host:port``) → the sequence number when the wrapper noted the stream.
+_streams: OrderedDict[tuple[str, str], int] = OrderedDict()
+_streams_lock = threading.Lock()
+
+
+def note_openai_stream(response_id: Any, server: str) -> None:
+    """Called by the openai wrapper at an SDK stream's first chunk, while LiteLLM is
+    imported (only its callback takes these notes)."""
+    if not isinstance(response_id, str) or not response_id or "litellm" not in sys.modules:
+        return
+    with _streams_lock:
+        _streams[(response_id, server)] = next(_sequence)
+        _streams.move_to_end((response_id, server))
+        if len(_streams) > MAX_STREAMS:
+            _streams.popitem(last=False)
+
+
+def took_openai_stream(response_id: Any, server: str, since: int) -> bool:
+    """True when the wrapper noted an SDK stream with this response id from this server
+    after ``since`` (a LiteLLM call's start); the note is taken, so it excuses one call."""
+    if not isinstance(response_id, str) or not response_id:
+        return False
+    with _streams_lock:
+        noted = _streams.get((response_id, server))
+        if noted is None or noted <= since:
+            return False
+        del _streams[(response_id, server)]
+        return True
 
 
 # -- registering the LiteLLM callback --------------------------------------------------
@@ -148,6 +193,8 @@ __all__ = [
     "current_mark",
     "last_sdk_request",
     "note_openai_request",
+    "note_openai_stream",
+    "took_openai_stream",
     "unwatch_litellm",
     "watch_litellm",
 ]

@@ -21,8 +21,9 @@ One record per call: calls LiteLLM sends through the openai SDK (``openai/``,
 ``custom_openai/``, ``llamafile/``, ``lm_studio/``, and every text completion) are
 recorded by the openai wrapper, from the wire and streams included, when
 ``SpecDecodeInstrumentor`` is on; this callback then skips them (see
-:mod:`spec_decode_otel.integrations` for the mark that tells). Several callbacks, or
-LiteLLM's sync and async success events for one call, still give one record.
+:mod:`spec_decode_otel.integrations` for the mark, and for streams the response id, that
+tell). Several callbacks, or LiteLLM's sync and async success events for one call, still
+give one record.
 
 The span is made when LiteLLM reports the call's end, with the call's own start and end
 times, as a child of the span that was current when the call started. LiteLLM's own
@@ -59,7 +60,12 @@ from spec_decode_otel.instrumentation.wrapper import (
     Instrumentation,
     _requested_sequences,
 )
-from spec_decode_otel.integrations import SdkMark, current_mark, last_sdk_request
+from spec_decode_otel.integrations import (
+    SdkMark,
+    current_mark,
+    last_sdk_request,
+    took_openai_stream,
+)
 
 #: LiteLLM call types → GenAI operation names. Other calls (embeddings, ...) are not ours.
 OPERATIONS: Mapping[str, str] = {
@@ -281,8 +287,13 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             if not isinstance(call_id, str) or operation is None or kwargs.get("cache_hit") is True:
                 return
             started = _calls.end(call_id)
-            if started is None or started.mark.went_through_sdk():
-                return  # already recorded, never started here, or the openai wrapper's
+            if started is None:
+                return  # already recorded, or never started here
+            streamed = not failed and kwargs.get("stream") is True
+            # Both are read: a stream's note is taken even when the mark already tells.
+            noted = streamed and _wrapper_streamed(kwargs, response, started.mark.started)
+            if started.mark.went_through_sdk() or noted:
+                return  # the openai wrapper's
             started.mark.decided = True
             self._record(kwargs, operation, started, response, start_time, end_time, failed)
         except Exception:
@@ -475,6 +486,13 @@ def _server(kwargs: Mapping[str, Any]) -> tuple[str | None, int | None]:
     if port is None:
         port = {"https": 443, "http": 80}.get(parts.scheme)
     return parts.hostname or None, port
+
+
+def _wrapper_streamed(kwargs: Mapping[str, Any], response: Any, since: int) -> bool:
+    """The openai wrapper read this stream: LiteLLM's response carries the id of the
+    server's chunks, and the wrapper noted a stream with that id from the same server."""
+    host, port = _server(kwargs)
+    return took_openai_stream(getattr(response, "id", None), f"{host}:{port}", since)
 
 
 def _nanoseconds(moment: Any) -> int | None:

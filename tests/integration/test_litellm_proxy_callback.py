@@ -20,8 +20,10 @@ import json
 import os
 import secrets
 import shutil
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,12 +83,20 @@ class Proxy:
         return [json.loads(line) for line in text.splitlines()]
 
     def call(self, case: Case, records: int) -> list[dict[str, Any]]:
-        """One call through the proxy; then the ``records`` rows it gave (waits for them:
-        the callback's span ends in LiteLLM's logging task, after the answer). A row
-        more than expected shows up as the next call's check fails, or the last test's."""
+        """One call through the proxy; then the ``records`` rows it gave (see :meth:`wait`).
+        A row more than expected shows up as the next call's check fails, or the last
+        test's."""
         assert len(self.rows()) == self.given, "an earlier call gave more records"
+        self.send(case)
+        return self.wait(records)
+
+    def send(self, case: Case) -> Any:
         body = {**case.body(), "model": model_name(case.route, case.engine)}
-        post(self.base_url + case.path(), body, {"authorization": f"Bearer {self.key}"})
+        return post(self.base_url + case.path(), body, {"authorization": f"Bearer {self.key}"})
+
+    def wait(self, records: int) -> list[dict[str, Any]]:
+        """The ``records`` rows the calls just sent gave (waits for them: the callback's
+        span ends in LiteLLM's logging task, after the answer)."""
         self.given += records
         deadline = time.monotonic() + 15
         while len(rows := self.rows()) < self.given:
@@ -178,23 +188,25 @@ def expected_rows(case: Case, engine: SpecDecodeAcceptanceRecord) -> list[dict[s
     """(outcome, record) of each row the call gives, as observed with LiteLLM 1.110.2.
 
     - Not streamed, every route and API: one row, the engine's record.
+    - Streamed text completions, both routes (LiteLLM sends every text completion through
+      the openai SDK): one row, the openai wrapper's, with the engine's record. The proxy
+      runs the call in three contexts that share no context variable (a worker thread
+      in ``atext_completion``, litellm/main.py; the first chunk's task in
+      ``_buffer_first_chunk_honoring_disconnect``, litellm/proxy/common_request_processing.py;
+      Starlette's response task), so the callback knows the call by the response id of
+      the stream the wrapper read (``CustomStreamWrapper`` keeps the engine's chunk id as
+      the response's id, litellm/litellm_core_utils/streaming_handler.py). Before that,
+      these calls gave a second row, the callback's ``no_stats``.
     - ``openai/`` chat streams: one row, the engine's record (the openai wrapper read the
       engine's stream inside the proxy, before the proxy rebuilt it).
     - ``hosted_vllm/`` chat streams: one row from the callback, ``no_stats`` (LiteLLM's
       handler rebuilt the chunks), except smg's usage pair, which survives.
-    - Text completion streams (both routes: LiteLLM sends every text completion through
-      the openai SDK): TWO rows, the openai wrapper's (the engine's record) and the
-      callback's (``no_stats``; smg: the record again). The proxy starts a text
-      completion in a worker thread and reads its stream in other asyncio tasks, so the
-      callback cannot tell that the openai wrapper recorded it.
     """
     kept = {"outcome": expected_outcome(engine), "record": as_recorded(engine)}
     lost = {"outcome": "no_stats", "record": None} if case.shape != "smg" else kept
-    if not case.stream:
+    if not case.stream or case.api == "completions" or case.route == "openai":
         return [kept]
-    if case.api == "completions":
-        return [kept, lost]
-    return [kept] if case.route == "openai" else [lost]
+    return [lost]
 
 
 @pytest.mark.parametrize("case", cases(), ids=case_id)
@@ -214,6 +226,38 @@ def test_in_proxy_records(case: Case, proxy: Proxy, simulator_url: str) -> None:
     assert sorted(
         ({"outcome": r["outcome"], "record": r["record"]} for r in rows), key=str
     ) == sorted(expected, key=str)
+
+
+def test_two_text_streams_at_once_give_one_row_each(proxy: Proxy, simulator_url: str) -> None:
+    """Two streamed text completions sent to the proxy at the same time (two threads),
+    through ``openai/`` to vLLM and ``hosted_vllm/`` to SGLang: two rows, each the
+    engine's record of its own call. The callback tells the openai wrapper's calls by
+    the response id of the stream it read, one note per stream: had one call's callback
+    taken the other's note, the other would give a third row, ``no_stats``."""
+    cases = [
+        Case("openai", "vllm", "completions", True),
+        Case("hosted_vllm", "sglang", "completions", True),
+    ]
+    engines = [record_from_json(direct(simulator_url, case), case.body()) for case in cases]
+    assert engines[0] is not None and engines[1] is not None
+    assert engines[0].engine != engines[1].engine
+    assert len(proxy.rows()) == proxy.given, "an earlier call gave more records"
+    both = threading.Barrier(2)
+
+    def send(case: Case) -> Any:
+        both.wait()
+        return proxy.send(case)
+
+    with ThreadPoolExecutor(2) as pool:
+        assert all(pool.map(send, cases))
+    rows = proxy.wait(2)
+    time.sleep(1.0)  # a third row would come now
+    assert len(proxy.rows()) == proxy.given
+    assert sorted(
+        ({"outcome": r["outcome"], "record": r["record"]} for r in rows), key=str
+    ) == sorted(
+        ({"outcome": expected_outcome(e), "record": as_recorded(e)} for e in engines), key=str
+    )
 
 
 def test_no_stray_record_and_no_internal_error(proxy: Proxy) -> None:

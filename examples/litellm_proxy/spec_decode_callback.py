@@ -5,9 +5,8 @@ under ``litellm_settings: callbacks`` (LiteLLM looks for the module next to the 
 file). ``setup()`` builds the OpenTelemetry SDK from the ``OTEL_*`` variables and
 instruments the ``openai`` SDK that LiteLLM sends ``openai/`` routes through (streams
 included); the callback covers the calls LiteLLM sends with its own HTTP handler
-(``hosted_vllm/`` chat). Each call gets one record, whichever of the two sees it, except
-a streamed text completion (``/v1/completions``), which gets two: the engine's record
-and a ``no_stats`` one (see README.md here).
+(``hosted_vllm/`` chat). Each call gets one record, whichever of the two sees it (see
+README.md here).
 
 Needs, in the proxy's environment: ``pip install 'spec-decode-otel[otlp]'``.
 ``SPEC_DECODE_RECORDS_FILE=records.jsonl`` also writes the records file that

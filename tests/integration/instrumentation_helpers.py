@@ -208,6 +208,16 @@ def dumps_without_volatile(objs: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def fingerprint_left_on_the_usage_chunk(bare: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chunks a user who did not ask for usage sees once ``include_usage`` is injected,
+    from ``bare`` (what they see without it): vLLM 0.34.0 stamps ``system_fingerprint``
+    on a stream's terminal chunk only (``chat_completion/serving.py``, "Stamp the
+    fingerprint on terminal chunks only"), which with ``include_usage`` is the usage chunk
+    we hide, so the finish chunk shows none (README, ``inject_include_usage``)."""
+    assert any("system_fingerprint" in chunk for chunk in bare)
+    return [{k: v for k, v in chunk.items() if k != "system_fingerprint"} for chunk in bare]
+
+
 # -- expectations ------------------------------------------------------------------------
 
 

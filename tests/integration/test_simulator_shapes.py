@@ -99,15 +99,24 @@ def counts_from_dense(hist: list[Any]) -> dict[int, int]:
     return {j: c for j, c in enumerate(hist) if c}
 
 
+#: vLLM 0.34.0's stream choice fields beside OpenAI's (stop_reason: on every completions
+#: chunk and a chat finish chunk; the token fields null unless asked for).
+VLLM_STREAM_CHOICE_FIELDS = {"stop_reason", "token_ids", "prompt_token_ids", "weight_versions"}
+
+
 def read_vllm(objs: list[Any], stream: bool) -> JSON:
     if stream:
         carriers = [o for o in objs if "metrics" in extra(o)]
         assert len(carriers) == 1 and carriers[0] is objs[-1]
         assert objs[-1].choices == [] and objs[-1].usage is not None
         for o in objs[:-1]:
-            assert not extra(o)
-            # vLLM 0.34.0 sets stop_reason on every completions chunk, and on no other
-            assert all(set(extra(c)) <= {"stop_reason"} for c in o.choices)
+            # vLLM 0.34.0 (exclude_unset) sends the null fields each chunk's constructor
+            # sets: no stats before the usage chunk
+            assert set(extra(o)) <= {"prompt_token_ids", "prompt_text", "kv_transfer_params"}
+            assert all(v is None for v in extra(o).values())
+            for c in o.choices:
+                assert set(extra(c)) <= VLLM_STREAM_CHOICE_FIELDS
+                assert all(v is None for k, v in extra(c).items() if k != "stop_reason")
     metrics = extra(objs[-1])["metrics"]
     for timing in ("time_to_first_token_ms", "generation_time_ms", "tokens_per_second"):
         assert isinstance(metrics[timing], float)

@@ -32,6 +32,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import openai
 import pytest
@@ -475,6 +476,33 @@ def test_a_server_sent_name_too_long_to_be_one_is_left_out(
         for point in metric.data.data_points
     }
     assert models == {None, longest}
+
+
+def test_a_server_sent_response_id_is_kept_in_memory_only_when_short(
+    server: LoopbackServer, otel: Otel
+) -> None:
+    """While LiteLLM is imported, the wrapper keeps each stream's response id (with the
+    server's ``host:port``) until the LiteLLM callback takes it, so the callback can tell
+    the proxy's streams it recorded (``spec_decode_otel.integrations``). The server chooses
+    the id: one longer than ``MAX_RESPONSE_ID`` characters is not kept (4,096 kept ids of a
+    megabyte each would hold 4 GiB), one of exactly the limit is."""
+    import litellm  # noqa: F401  (the ids are kept only while LiteLLM is imported)
+
+    from spec_decode_otel.integrations import MAX_RESPONSE_ID, took_openai_stream
+
+    too_long, longest = "c" * 1_000_000, "d" * MAX_RESPONSE_ID
+    client = client_for(server)
+    try:
+        with instrumented(otel):
+            for response_id in (too_long, longest):
+                body = stream_with({}).replace(b'"chatcmpl-1"', f'"{response_id}"'.encode())
+                server.reply(body)
+                read(client, stream=True)
+    finally:
+        client.close()
+    where = urlsplit(server.url).netloc  # the host:port the wrapper calls
+    assert not took_openai_stream(too_long, where, 0)
+    assert took_openai_stream(longest, where, 0)
 
 
 def test_the_package_logger_has_a_null_handler() -> None:

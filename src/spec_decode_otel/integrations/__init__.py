@@ -92,6 +92,8 @@ def note_openai_request() -> None:
 #: SDK streams noted and not yet taken, kept at most (a stream no LiteLLM call took,
 #: e.g. the application's own openai call, is forgotten eventually).
 MAX_STREAMS = 4096
+#: Longest response id noted: a server chooses it, and each note keeps it in memory.
+MAX_RESPONSE_ID = 256
 #: (response id, ``host:port``) → the sequence number when the wrapper noted the stream.
 _streams: OrderedDict[tuple[str, str], int] = OrderedDict()
 _streams_lock = threading.Lock()
@@ -100,7 +102,11 @@ _streams_lock = threading.Lock()
 def note_openai_stream(response_id: Any, server: str) -> None:
     """Called by the openai wrapper at an SDK stream's first chunk, while LiteLLM is
     imported (only its callback takes these notes)."""
-    if not isinstance(response_id, str) or not response_id or "litellm" not in sys.modules:
+    if (
+        not isinstance(response_id, str)
+        or not 0 < len(response_id) <= MAX_RESPONSE_ID
+        or "litellm" not in sys.modules
+    ):
         return
     with _streams_lock:
         _streams[(response_id, server)] = next(_sequence)

@@ -46,7 +46,8 @@ BUILTIN_ADAPTERS: tuple[type[SpecDecodeAdapter], ...] = (
     UsageDetailsAdapter,
 )
 
-_lock = threading.Lock()
+#: Reentrant: a plug-in's import runs while it is held, and may itself run detection.
+_lock = threading.RLock()
 _adapters: tuple[type[SpecDecodeAdapter], ...] | None = None
 _failed_once: set[str] = set()
 _failed_lock = threading.Lock()  # not _lock: plug-ins fail while _lock loads them
@@ -106,6 +107,9 @@ def registered_adapters() -> tuple[type[SpecDecodeAdapter], ...]:
     global _adapters
     with _lock:
         if _adapters is None:
+            # A plug-in whose import runs detection (a self-check, an instrumented call)
+            # re-enters here on this thread: it gets the built-ins, not a second load.
+            _adapters = BUILTIN_ADAPTERS
             _adapters = BUILTIN_ADAPTERS + tuple(_load_plugins())
         return _adapters
 

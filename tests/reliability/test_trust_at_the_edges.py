@@ -478,29 +478,42 @@ def test_a_server_sent_name_too_long_to_be_one_is_left_out(
     assert models == {None, longest}
 
 
-def test_a_server_sent_response_id_is_kept_in_memory_only_when_short(
+def test_a_server_sent_response_id_is_kept_in_memory_only_when_short_and_needed(
     server: LoopbackServer, otel: Otel
 ) -> None:
-    """While LiteLLM is imported, the wrapper keeps each stream's response id (with the
-    server's ``host:port``) until the LiteLLM callback takes it, so the callback can tell
-    the proxy's streams it recorded (``spec_decode_otel.integrations``). The server chooses
-    the id: one longer than ``MAX_RESPONSE_ID`` characters is not kept (4,096 kept ids of a
-    megabyte each would hold 4 GiB), one of exactly the limit is."""
-    import litellm  # noqa: F401  (the ids are kept only while LiteLLM is imported)
+    """While a LiteLLM call is open (the LiteLLM proxy), the wrapper keeps each stream's
+    response id, with the server's ``host:port``, until the LiteLLM callback takes it, so
+    the callback can tell the proxy's streams it recorded (``spec_decode_otel.
+    integrations``). With no LiteLLM call open nothing is kept: an application that only
+    imports LiteLLM would otherwise hold an id per stream (4,096 at most). The server
+    chooses the id: one longer than ``MAX_RESPONSE_ID`` characters is never kept (4,096
+    kept ids of a megabyte each would hold 4 GiB), one of exactly the limit is."""
+    from spec_decode_otel.integrations import (
+        MAX_RESPONSE_ID,
+        set_open_litellm_calls,
+        took_openai_stream,
+    )
 
-    from spec_decode_otel.integrations import MAX_RESPONSE_ID, took_openai_stream
-
-    too_long, longest = "c" * 1_000_000, "d" * MAX_RESPONSE_ID
+    unneeded, too_long, longest = "b" * 8, "c" * 1_000_000, "d" * MAX_RESPONSE_ID
     client = client_for(server)
+
+    def stream_with_id(response_id: str) -> None:
+        server.reply(stream_with({}).replace(b'"chatcmpl-1"', f'"{response_id}"'.encode()))
+        read(client, stream=True)
+
     try:
         with instrumented(otel):
-            for response_id in (too_long, longest):
-                body = stream_with({}).replace(b'"chatcmpl-1"', f'"{response_id}"'.encode())
-                server.reply(body)
-                read(client, stream=True)
+            stream_with_id(unneeded)
+            set_open_litellm_calls(1)  # as the LiteLLM callback does for a call it saw start
+            try:
+                stream_with_id(too_long)
+                stream_with_id(longest)
+            finally:
+                set_open_litellm_calls(0)
     finally:
         client.close()
     where = urlsplit(server.url).netloc  # the host:port the wrapper calls
+    assert not took_openai_stream(unneeded, where, 0)
     assert not took_openai_stream(too_long, where, 0)
     assert took_openai_stream(longest, where, 0)
 

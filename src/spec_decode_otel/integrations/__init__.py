@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextvars
 import importlib.util
 import itertools
-import sys
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -97,15 +96,25 @@ MAX_RESPONSE_ID = 256
 #: (response id, ``host:port``) → the sequence number when the wrapper noted the stream.
 _streams: OrderedDict[tuple[str, str], int] = OrderedDict()
 _streams_lock = threading.Lock()
+#: LiteLLM calls the callback saw start and not yet end. Streams are noted only while
+#: there is one: an application that imports LiteLLM and streams through the openai SDK
+#: alone keeps nothing.
+_open_litellm_calls = 0
+
+
+def set_open_litellm_calls(count: int) -> None:
+    """Called by the LiteLLM callback whenever its count of open calls changes."""
+    global _open_litellm_calls
+    _open_litellm_calls = count
 
 
 def note_openai_stream(response_id: Any, server: str) -> None:
-    """Called by the openai wrapper at an SDK stream's first chunk, while LiteLLM is
-    imported (only its callback takes these notes)."""
+    """Called by the openai wrapper at an SDK stream's first chunk; kept while a LiteLLM
+    call is open (only the LiteLLM callback takes these notes)."""
     if (
-        not isinstance(response_id, str)
+        not _open_litellm_calls
+        or not isinstance(response_id, str)
         or not 0 < len(response_id) <= MAX_RESPONSE_ID
-        or "litellm" not in sys.modules
     ):
         return
     with _streams_lock:
@@ -200,6 +209,7 @@ __all__ = [
     "last_sdk_request",
     "note_openai_request",
     "note_openai_stream",
+    "set_open_litellm_calls",
     "took_openai_stream",
     "unwatch_litellm",
     "watch_litellm",

@@ -64,6 +64,7 @@ from spec_decode_otel.integrations import (
     SdkMark,
     current_mark,
     last_sdk_request,
+    set_open_litellm_calls,
     took_openai_stream,
 )
 
@@ -118,6 +119,7 @@ class _Calls:
                 started = self._started[call_id] = make()
                 if len(self._started) > MAX_CALLS:
                     self._started.popitem(last=False)
+                set_open_litellm_calls(len(self._started))
             return started
 
     def get(self, call_id: str) -> _Started | None:
@@ -132,7 +134,9 @@ class _Calls:
             self._ended[call_id] = None
             if len(self._ended) > MAX_CALLS:
                 self._ended.popitem(last=False)
-            return self._started.pop(call_id, None)
+            started = self._started.pop(call_id, None)
+            set_open_litellm_calls(len(self._started))
+            return started
 
 
 _calls = _Calls()

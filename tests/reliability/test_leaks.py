@@ -171,12 +171,12 @@ def test_many_sync_calls_leak_nothing(engine_payloads, quiet_otel: Otel) -> None
             run_sync_calls(client, WARMUP)
             half = (sync_calls - WARMUP) // 2
             run_sync_calls(client, half, WARMUP)
-            gc.collect()
+            collect()
             blocks_mid = sys.getallocatedblocks()
             started = time.perf_counter()
             run_sync_calls(client, sync_calls - WARMUP - half, WARMUP + half)
             elapsed = time.perf_counter() - started
-            gc.collect()
+            collect()
             growth = sys.getallocatedblocks() - blocks_mid
             assert live_proxies() == 0
     finally:
@@ -203,11 +203,11 @@ async def test_many_async_calls_leak_nothing(simulator_url: str, quiet_otel: Ote
             await run_async_calls(client, WARMUP)
             half = (async_calls - WARMUP) // 2
             await run_async_calls(client, half, WARMUP)
-            gc.collect()
+            collect()
             blocks_mid = sys.getallocatedblocks()
             await run_async_calls(client, async_calls - WARMUP - half, WARMUP + half)
             await asyncio.sleep(0)
-            gc.collect()
+            collect()
             growth = sys.getallocatedblocks() - blocks_mid
             assert live_proxies() == 0
     finally:

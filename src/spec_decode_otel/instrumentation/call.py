@@ -82,6 +82,9 @@ class Call:
     def __init__(self, plan: CallPlan) -> None:
         self.plan = plan
         self.started = time.perf_counter()
+        #: (``perf_counter``, ``time_ns``) when its dropped stream or response was
+        #: reclaimed: the end runs later, on the finalizer thread, but is dated then.
+        self.reclaimed_at: tuple[float, int] | None = None
         self._done = False
         self._lock = threading.Lock()
 
@@ -92,6 +95,11 @@ class Call:
     @property
     def done(self) -> bool:
         return self._done
+
+    def reclaimed(self) -> None:
+        """Its proxy was reclaimed by the garbage collector: date the end now. Called from
+        ``__del__``, so it takes no lock and calls nothing."""
+        self.reclaimed_at = (time.perf_counter(), time.time_ns())
 
     def _claim(self) -> bool:
         with self._lock:
@@ -202,7 +210,8 @@ class Call:
         read_to_end: bool = True,
         multi_sequence: bool = False,
     ) -> None:
-        ended = time.perf_counter()
+        reclaimed_at = self.reclaimed_at
+        ended = time.perf_counter() if reclaimed_at is None else reclaimed_at[0]
         plan = self.plan
         if error is not None and not isinstance(error, Exception):
             # Cancelled or interrupted (CancelledError, KeyboardInterrupt): the caller
@@ -283,7 +292,7 @@ class Call:
             reason=detection.reason,
         )
         if plan.own_span:
-            span.end()
+            span.end(None if reclaimed_at is None else reclaimed_at[1])
 
     def _detect(self, responses: list[ParsedResponse], multi_sequence: bool) -> Detection:
         if multi_sequence or self.plan.requested_sequences > 1:

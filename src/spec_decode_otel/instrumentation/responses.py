@@ -265,9 +265,13 @@ class _RawResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic
 
     def __del__(self) -> None:
         raw, call = self._self_raw, self._self_call
+        if call.done:
+            return
         if raw is not None:
+            call.reclaimed()
             finalizer.defer(raw.stop)
         elif self._self_parsed is None:
+            call.reclaimed()
             finalizer.defer(functools.partial(call.finish_empty, read_to_end=False))
 
 

@@ -234,7 +234,10 @@ class _StreamProxyBase(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic 
         return self._self_response
 
     def __del__(self) -> None:
-        finalizer.defer(self._self_observer.on_stop)
+        observer = self._self_observer
+        if not observer.call.done:  # a stream read to its end (or closed) has nothing to end
+            observer.call.reclaimed()
+            finalizer.defer(observer.on_stop)
 
 
 class SyncStreamProxy(_StreamProxyBase):

@@ -4,7 +4,8 @@ A :class:`RequestPlan` holds everything decided before a byte is sent (the sampl
 sequences in ``plan.py``, the engine shape, the faults). Its methods cut every engine's
 payload from those sequences (``shapes.py``), corrupt it as the faults say (``faults.py``)
 and place it where that engine puts it: chat and legacy completions as a body or chunks,
-the Responses API as a ``Response`` or its events.
+the Responses API as a ``Response`` or its events. Engines matched to a release field for
+field (vLLM 0.34.0, SGLang 0.5.23) are rendered by ``releases.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from spec_decode_otel.simulator import faults as F
-from spec_decode_otel.simulator import shapes
+from spec_decode_otel.simulator import releases, shapes
 from spec_decode_otel.simulator.acceptance import AcceptanceProfile
 from spec_decode_otel.simulator.plan import ChoicePlan
 from spec_decode_otel.simulator.protocol import JSON, Kind
@@ -197,7 +198,7 @@ class RequestPlan:
     def response(self) -> JSON:
         """The non-streamed body."""
         if self.vllm:
-            return self._vllm_response()
+            return releases.vllm_response(self)
         choices = []
         for c in self.choices:
             steps = c.generation.num_spec_steps
@@ -229,150 +230,7 @@ class RequestPlan:
             out["timings"] = self.llamacpp_timings()
         return out
 
-    # --- vLLM 0.34.0, field for field ------------------------------------------------
-
-    @staticmethod
-    def _stop_reason(c: ChoicePlan) -> str | None:
-        """vLLM's ``stop_reason``: the stop string that matched; null for EOS (the
-        simulated model has no stop token ids) and the length limit."""
-        return c.matched_stop if isinstance(c.matched_stop, str) else None
-
-    def _vllm_response(self) -> JSON:
-        """vLLM 0.34.0's body: ``ChatCompletionResponse`` / ``CompletionResponse``
-        (``chat_completion/protocol.py``, ``completion/protocol.py``) dumped whole
-        (``api_router.py``: ``JSONResponse(content=generator.model_dump())``), so every
-        field is sent, null or not, in the models' order. Left out all the same: the
-        message's ``annotations`` (``exclude_if`` None) and its empty ``tool_calls``
-        (``ChatMessage._serialize`` pops them), the usage's null
-        ``prompt_tokens_details`` (``exclude_if``)."""
-        chat = self.kind == "chat"
-        choices = []
-        for c in self.choices:
-            head: JSON
-            if chat:
-                message = {
-                    "role": "assistant",
-                    "content": c.text,
-                    "refusal": None,
-                    "audio": None,
-                    "function_call": None,
-                    "reasoning": None,
-                }
-                head = {"index": c.index, "message": message}
-            else:
-                head = {"index": c.index, "text": c.text}
-            choice: JSON = {
-                **head,
-                "logprobs": None,
-                "finish_reason": c.finish_reason,
-                "stop_reason": self._stop_reason(c),
-                "token_ids": None,
-            }
-            if not chat:
-                choice.update(prompt_logprobs=None, prompt_token_ids=None)
-            choices.append({**choice, "routed_experts": None, "weight_versions": None})
-        out: JSON = {
-            "id": self.request_id,
-            "object": "chat.completion" if chat else "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "service_tier": None,
-            "system_fingerprint": shapes.VLLM_SYSTEM_FINGERPRINT,
-            "usage": {**self.usage(), "completion_tokens_details": None},
-        }
-        if chat:
-            out.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
-        out.update(kv_transfer_params=None, ec_transfer_params=None)
-        out["metrics"] = self.vllm_metrics(body=True)
-        return out
-
-    def _running_usage(self, c: ChoicePlan, tokens: int) -> JSON:
-        """``continuous_usage_stats``: the choice's own tokens so far against its prompt.
-        Chat sets ``completion_tokens_details`` (null without a reasoning parser), so
-        ``exclude_unset`` keeps it; completions do not."""
-        if not self.continuous_usage:
-            return {}
-        counts = self.prompt_counts or (self.prompt_tokens,)
-        prompt = counts[c.index // (len(self.choices) // len(counts))]
-        usage: JSON = {
-            "prompt_tokens": prompt,
-            "total_tokens": prompt + tokens,
-            "completion_tokens": tokens,
-        }
-        if self.kind == "chat":
-            usage["completion_tokens_details"] = None
-        return {"usage": usage}
-
-    def _vllm_chunks(self) -> Iterator[JSON]:
-        """vLLM 0.34.0's stream (``chat_completion/serving.py``
-        ``chat_completion_stream_generator``, ``completion/serving.py``
-        ``completion_stream_generator``): chunks dumped with ``exclude_unset``, so a
-        field is sent, null or not, where the server sets it.
-
-        Chat: one role chunk per choice (``prompt_token_ids`` and ``prompt_text`` null),
-        then one chunk per engine step, empty text included, each with ``logprobs``,
-        ``token_ids`` and the root ``kv_transfer_params`` null; the step that finishes a
-        choice carries its last text with ``finish_reason``, ``stop_reason`` and
-        ``weight_versions``. Completions: the same steps, each choice with every field
-        (``stop_reason`` and the token fields null until the last). The last chunk of a
-        choice has ``system_fingerprint`` unless a usage chunk follows; that chunk
-        (``exclude_none``: no null) has ``usage``, ``system_fingerprint`` and the
-        ``metrics`` (n = 1, one prompt). ``continuous_usage_stats`` puts each choice's
-        running usage on every chunk of it.
-        """
-        chat = self.kind == "chat"
-        fingerprint = shapes.VLLM_SYSTEM_FINGERPRINT
-        if chat:
-            for c in self.choices:
-                role: JSON = {
-                    "index": c.index,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-                root = {**self._running_usage(c, 0), "prompt_token_ids": None, "prompt_text": None}
-                yield self._chunk(role, **root)
-        longest = max(len(c.pieces) for c in self.choices)
-        for step in range(longest):
-            for c in self.choices:
-                if step >= len(c.pieces):
-                    continue
-                done = step == len(c.pieces) - 1
-                finish, stop = (c.finish_reason, self._stop_reason(c)) if done else (None, None)
-                choice: JSON
-                if chat:
-                    delta = {"content": c.pieces[step]}
-                    choice = {"index": c.index, "delta": delta, "logprobs": None}
-                    choice["finish_reason"] = finish
-                    if done:  # the only chat choice vLLM builds with these
-                        choice.update(stop_reason=stop, token_ids=None, weight_versions=None)
-                    else:
-                        choice["token_ids"] = None
-                else:
-                    choice = {
-                        "index": c.index,
-                        "text": c.pieces[step],
-                        "logprobs": None,
-                        "finish_reason": finish,
-                        "stop_reason": stop,
-                        "prompt_token_ids": None,
-                        "token_ids": None,
-                        "weight_versions": None,
-                    }
-                tokens = 1 + sum(c.generation.step_tokens()[:step])
-                root = self._running_usage(c, tokens)
-                if done and not self.include_usage:
-                    root["system_fingerprint"] = fingerprint
-                yield self._chunk(choice, **root, kv_transfer_params=None)
-        if self.include_usage:
-            chunk = self._chunk(usage=self.usage(), system_fingerprint=fingerprint)
-            metrics = self.vllm_metrics()
-            if metrics is not None:
-                chunk["metrics"] = metrics
-            yield chunk
-
-    def _chunk(self, *choices: JSON, **root: object) -> JSON:
+    def chunk(self, *choices: JSON, **root: object) -> JSON:
         return {
             "id": self.request_id,
             "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
@@ -382,7 +240,7 @@ class RequestPlan:
             **root,
         }
 
-    def _delta(self, c: ChoicePlan, step: int, delta: JSON, finish: str | None = None) -> JSON:
+    def delta(self, c: ChoicePlan, step: int, delta: JSON, finish: str | None = None) -> JSON:
         """A stream choice once ``step`` verify steps are done (completions: the text).
         SGLang's chat deltas always carry ``reasoning_content`` (``sse_utils.StreamDelta``
         has no default for it, so msgspec never omits it)."""
@@ -396,76 +254,37 @@ class RequestPlan:
         """The stream, chunk by chunk: role, one content chunk per verify step (choices
         interleaved), one finish_reason chunk per choice, engine tails, usage."""
         if self.sglang:
-            yield from self._sglang_chunks()
+            yield from releases.sglang_chunks(self)
             return
         if self.vllm:
-            yield from self._vllm_chunks()
+            yield from releases.vllm_chunks(self)
             return
         if self.kind == "chat":
             for c in self.choices:
-                yield self._chunk(self._delta(c, 0, {"role": "assistant", "content": ""}))
+                yield self.chunk(self.delta(c, 0, {"role": "assistant", "content": ""}))
         longest = max(len(c.pieces) for c in self.choices)
         for step in range(longest):
             for c in self.choices:
                 if step < len(c.pieces) and c.pieces[step]:
-                    yield self._chunk(self._delta(c, step, {"content": c.pieces[step]}))
+                    yield self.chunk(self.delta(c, step, {"content": c.pieces[step]}))
 
         for c in self.choices:
-            last = self._delta(c, c.generation.num_spec_steps, {}, c.finish_reason)
-            chunk = self._chunk({**last, **self.choice_stats(c)})
+            last = self.delta(c, c.generation.num_spec_steps, {}, c.finish_reason)
+            chunk = self.chunk({**last, **self.choice_stats(c)})
             if self.engine == "llamacpp" and not self.include_usage and c is self.choices[-1]:
                 chunk["timings"] = self.llamacpp_timings()
             yield chunk
 
         ext = self.sglext()
         if ext is not None:
-            yield self._chunk(sglext=ext)
+            yield self.chunk(sglext=ext)
 
         if self.include_usage:
-            chunk = self._chunk(usage=self.usage())
+            chunk = self.chunk(usage=self.usage())
             if self.engine in TIMINGS_FAMILY:
                 # (mlx-vlm sends its draft counters on this chunk only)
                 chunk["timings"] = self.llamacpp_timings()
             yield chunk
-
-    def _sglang_chunks(self) -> Iterator[JSON]:
-        """SGLang 0.5.23's stream (``_generate_chat_stream``, ``_generate_completion_stream``).
-
-        Chat: a choice's role chunk comes with its first output, then one chunk per
-        non-empty step; the finish_reason chunks (with ``matched_stop``) follow once every
-        choice is done. These chunks are msgspec ``StreamChunk``s, which omit a None
-        ``usage``. Completions: one chunk per step, empty text included, the last carrying
-        finish_reason and ``matched_stop``; each is a pydantic dump, so ``usage: null``.
-        Then the ``sglext`` chunk (pydantic: ``usage: null``) and the usage chunk (chat:
-        every usage field; completions: dumped with ``exclude_none``).
-        """
-        chat = self.kind == "chat"
-        tail: JSON = {} if chat else {"usage": None}
-        longest = max(len(c.pieces) for c in self.choices)
-        for step in range(longest):
-            for c in self.choices:
-                if step >= len(c.pieces):
-                    continue
-                if chat and step == 0:
-                    yield self._chunk(self._delta(c, 0, {"role": "assistant", "content": ""}))
-                done = step == len(c.pieces) - 1
-                if chat and c.pieces[step]:
-                    yield self._chunk(self._delta(c, step, {"content": c.pieces[step]}))
-                elif not chat:
-                    finish = c.finish_reason if done else None
-                    piece = self._delta(c, step, {"content": c.pieces[step]}, finish)
-                    yield self._chunk(piece, **tail)
-        if chat:
-            for c in self.choices:
-                yield self._chunk(self._delta(c, len(c.pieces) - 1, {}, c.finish_reason))
-        ext = self.sglext()
-        if ext is not None:
-            yield self._chunk(usage=None, sglext=ext)
-        if self.include_usage:
-            usage = self.usage()
-            if not chat:
-                usage = {k: v for k, v in usage.items() if v is not None}
-            yield self._chunk(usage=usage)
 
     # --- the Responses API ------------------------------------------------------------
 

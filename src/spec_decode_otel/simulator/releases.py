@@ -1,0 +1,209 @@
+"""Engines' OpenAI layers as their releases send them, field for field.
+
+Each function renders a :class:`~spec_decode_otel.simulator.render.RequestPlan` the way one
+release's server does, read from its wheel (the docstrings name the files and functions);
+``tests/simulator/`` pins each point. Other engines, and these engines' payload objects,
+are rendered by ``render.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from spec_decode_otel.simulator import shapes
+from spec_decode_otel.simulator.plan import ChoicePlan
+from spec_decode_otel.simulator.protocol import JSON
+
+if TYPE_CHECKING:
+    from spec_decode_otel.simulator.render import RequestPlan
+
+
+# --- vLLM 0.34.0 ----------------------------------------------------------------------
+
+
+def _stop_reason(c: ChoicePlan) -> str | None:
+    """vLLM's ``stop_reason``: the stop string that matched; null for EOS (the
+    simulated model has no stop token ids) and the length limit."""
+    return c.matched_stop if isinstance(c.matched_stop, str) else None
+
+
+def vllm_response(plan: RequestPlan) -> JSON:
+    """vLLM 0.34.0's body: ``ChatCompletionResponse`` / ``CompletionResponse``
+    (``chat_completion/protocol.py``, ``completion/protocol.py``) dumped whole
+    (``api_router.py``: ``JSONResponse(content=generator.model_dump())``), so every
+    field is sent, null or not, in the models' order. Left out all the same: the
+    message's ``annotations`` (``exclude_if`` None) and its empty ``tool_calls``
+    (``ChatMessage._serialize`` pops them), the usage's null
+    ``prompt_tokens_details`` (``exclude_if``)."""
+    chat = plan.kind == "chat"
+    choices = []
+    for c in plan.choices:
+        head: JSON
+        if chat:
+            message = {
+                "role": "assistant",
+                "content": c.text,
+                "refusal": None,
+                "audio": None,
+                "function_call": None,
+                "reasoning": None,
+            }
+            head = {"index": c.index, "message": message}
+        else:
+            head = {"index": c.index, "text": c.text}
+        choice: JSON = {
+            **head,
+            "logprobs": None,
+            "finish_reason": c.finish_reason,
+            "stop_reason": _stop_reason(c),
+            "token_ids": None,
+        }
+        if not chat:
+            choice.update(prompt_logprobs=None, prompt_token_ids=None)
+        choices.append({**choice, "routed_experts": None, "weight_versions": None})
+    out: JSON = {
+        "id": plan.request_id,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": plan.created,
+        "model": plan.model,
+        "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": shapes.VLLM_SYSTEM_FINGERPRINT,
+        "usage": {**plan.usage(), "completion_tokens_details": None},
+    }
+    if chat:
+        out.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+    out.update(kv_transfer_params=None, ec_transfer_params=None)
+    out["metrics"] = plan.vllm_metrics(body=True)
+    return out
+
+
+def _running_usage(plan: RequestPlan, c: ChoicePlan, tokens: int) -> JSON:
+    """``continuous_usage_stats``: the choice's own tokens so far against its prompt.
+    Chat sets ``completion_tokens_details`` (null without a reasoning parser), so
+    ``exclude_unset`` keeps it; completions do not."""
+    if not plan.continuous_usage:
+        return {}
+    counts = plan.prompt_counts or (plan.prompt_tokens,)
+    prompt = counts[c.index // (len(plan.choices) // len(counts))]
+    usage: JSON = {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + tokens,
+        "completion_tokens": tokens,
+    }
+    if plan.kind == "chat":
+        usage["completion_tokens_details"] = None
+    return {"usage": usage}
+
+
+def vllm_chunks(plan: RequestPlan) -> Iterator[JSON]:
+    """vLLM 0.34.0's stream (``chat_completion/serving.py``
+    ``chat_completion_stream_generator``, ``completion/serving.py``
+    ``completion_stream_generator``): chunks dumped with ``exclude_unset``, so a
+    field is sent, null or not, where the server sets it.
+
+    Chat: one role chunk per choice (``prompt_token_ids`` and ``prompt_text`` null),
+    then one chunk per engine step, empty text included, each with ``logprobs``,
+    ``token_ids`` and the root ``kv_transfer_params`` null; the step that finishes a
+    choice carries its last text with ``finish_reason``, ``stop_reason`` and
+    ``weight_versions``. Completions: the same steps, each choice with every field
+    (``stop_reason`` and the token fields null until the last). The last chunk of a
+    choice has ``system_fingerprint`` unless a usage chunk follows; that chunk
+    (``exclude_none``: no null) has ``usage``, ``system_fingerprint`` and the
+    ``metrics`` (n = 1, one prompt). ``continuous_usage_stats`` puts each choice's
+    running usage on every chunk of it.
+    """
+    chat = plan.kind == "chat"
+    fingerprint = shapes.VLLM_SYSTEM_FINGERPRINT
+    if chat:
+        for c in plan.choices:
+            role: JSON = {
+                "index": c.index,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            root = {**_running_usage(plan, c, 0), "prompt_token_ids": None, "prompt_text": None}
+            yield plan.chunk(role, **root)
+    longest = max(len(c.pieces) for c in plan.choices)
+    for step in range(longest):
+        for c in plan.choices:
+            if step >= len(c.pieces):
+                continue
+            done = step == len(c.pieces) - 1
+            finish, stop = (c.finish_reason, _stop_reason(c)) if done else (None, None)
+            choice: JSON
+            if chat:
+                delta = {"content": c.pieces[step]}
+                choice = {"index": c.index, "delta": delta, "logprobs": None}
+                choice["finish_reason"] = finish
+                if done:  # the only chat choice vLLM builds with these
+                    choice.update(stop_reason=stop, token_ids=None, weight_versions=None)
+                else:
+                    choice["token_ids"] = None
+            else:
+                choice = {
+                    "index": c.index,
+                    "text": c.pieces[step],
+                    "logprobs": None,
+                    "finish_reason": finish,
+                    "stop_reason": stop,
+                    "prompt_token_ids": None,
+                    "token_ids": None,
+                    "weight_versions": None,
+                }
+            tokens = 1 + sum(c.generation.step_tokens()[:step])
+            root = _running_usage(plan, c, tokens)
+            if done and not plan.include_usage:
+                root["system_fingerprint"] = fingerprint
+            yield plan.chunk(choice, **root, kv_transfer_params=None)
+    if plan.include_usage:
+        chunk = plan.chunk(usage=plan.usage(), system_fingerprint=fingerprint)
+        metrics = plan.vllm_metrics()
+        if metrics is not None:
+            chunk["metrics"] = metrics
+        yield chunk
+
+
+# --- SGLang 0.5.23 --------------------------------------------------------------------
+
+
+def sglang_chunks(plan: RequestPlan) -> Iterator[JSON]:
+    """SGLang 0.5.23's stream (``_generate_chat_stream``, ``_generate_completion_stream``).
+
+    Chat: a choice's role chunk comes with its first output, then one chunk per
+    non-empty step; the finish_reason chunks (with ``matched_stop``) follow once every
+    choice is done. These chunks are msgspec ``StreamChunk``s, which omit a None
+    ``usage``. Completions: one chunk per step, empty text included, the last carrying
+    finish_reason and ``matched_stop``; each is a pydantic dump, so ``usage: null``.
+    Then the ``sglext`` chunk (pydantic: ``usage: null``) and the usage chunk (chat:
+    every usage field; completions: dumped with ``exclude_none``).
+    """
+    chat = plan.kind == "chat"
+    tail: JSON = {} if chat else {"usage": None}
+    longest = max(len(c.pieces) for c in plan.choices)
+    for step in range(longest):
+        for c in plan.choices:
+            if step >= len(c.pieces):
+                continue
+            if chat and step == 0:
+                yield plan.chunk(plan.delta(c, 0, {"role": "assistant", "content": ""}))
+            done = step == len(c.pieces) - 1
+            if chat and c.pieces[step]:
+                yield plan.chunk(plan.delta(c, step, {"content": c.pieces[step]}))
+            elif not chat:
+                finish = c.finish_reason if done else None
+                piece = plan.delta(c, step, {"content": c.pieces[step]}, finish)
+                yield plan.chunk(piece, **tail)
+    if chat:
+        for c in plan.choices:
+            yield plan.chunk(plan.delta(c, len(c.pieces) - 1, {}, c.finish_reason))
+    ext = plan.sglext()
+    if ext is not None:
+        yield plan.chunk(usage=None, sglext=ext)
+    if plan.include_usage:
+        usage = plan.usage()
+        if not chat:
+            usage = {k: v for k, v in usage.items() if v is not None}
+        yield plan.chunk(usage=usage)

@@ -30,6 +30,7 @@ from reliability_helpers import API_KEY, Otel, canary_messages, instrumented, un
 import spec_decode_otel
 from reclaimed import collect
 from spec_decode_otel import SpecDecodeInstrumentor, record_from_json
+from spec_decode_otel.instrumentation import finalizer
 from spec_decode_otel.telemetry import (
     ERROR_TYPE,
     SD_MEAN_ACCEPTANCE_LENGTH,
@@ -461,6 +462,62 @@ def test_a_forked_child_records_its_own_calls_and_the_parent_keeps_its_stream(
         list(stream)
     assert only_span(otel).attributes[SD_OUTCOME] == "recorded"
     assert requests_by_outcome(otel) == {"recorded": 1}
+
+
+def test_a_child_forked_while_the_finalizer_thread_starts_gets_its_own(
+    otel: Otel, simulator_url: str, openai_client: openai.OpenAI
+) -> None:
+    """The first stream or raw response of a process starts the finalizer thread, holding
+    the finalizer's lock while ``Thread.start()`` waits for it. A ``fork()`` from another
+    thread in that moment (multiprocessing in a threaded app) gave the child a lock that
+    nobody would ever release: its first stream hung, and every one after it (4 of 20
+    forked children in /tmp/exp9/audit/fork_finalizer_start.py). The lock is held here
+    across the fork. The child now makes and drops streams, each ended once in the child;
+    and an end still queued in the parent at the fork stays the parent's."""
+    with instrumented(otel):
+        held, release, queued = threading.Event(), threading.Event(), threading.Event()
+
+        def start_holding_the_lock() -> None:
+            with finalizer._lock:
+                held.set()
+                release.wait()
+
+        finalizer.start()  # the parent's thread runs: queue a marker behind a busy end
+        finalizer.defer(lambda: (queued.set(), release.wait()))
+        queued.wait()
+        holder = threading.Thread(target=start_holding_the_lock)
+        holder.start()
+        held.wait()
+        read, write = os.pipe()
+        parent = os.getpid()
+        finalizer.defer(lambda: os.getpid() == parent or os.write(write, b"parent's end "))
+        pid = os.fork()
+        if pid == 0:  # the child: report through the pipe, never return into pytest
+            os.close(read)
+            code = 1
+            try:
+                signal.alarm(20)  # a deadlock ends the child; the parent sees no report
+                client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
+                list(client.chat.completions.create(**chat(25)))
+                dropped = client.chat.completions.create(**chat(26))
+                next(dropped)
+                del dropped
+                collect()
+                client.close()
+                report = f"{otel.counter.ended} {sorted(requests_by_outcome(otel))}"
+                os.write(write, report.encode())
+                code = 0
+            finally:
+                os._exit(code)
+        release.set()
+        holder.join()
+        collect()  # the parent's marker has run in the parent: the pipe may close
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            child = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert child == "2 ['not_read_to_end', 'recorded']"
 
 
 # -- what user code sees ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ daemon thread ends the queued calls, holding nothing.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -26,8 +27,7 @@ _lock = threading.Lock()
 def start() -> None:
     """Make sure the thread runs: called where a proxy is made, never from ``__del__``.
 
-    It is started again when it is gone: after ``fork()`` the child keeps only the
-    thread that forked.
+    It is started again in a forked child, on the child's first proxy.
     """
     global _worker
     if _worker is not None and _worker.is_alive():
@@ -36,6 +36,20 @@ def start() -> None:
         if _worker is None or not _worker.is_alive():
             _worker = threading.Thread(target=_run, name="spec-decode-otel-finalizer", daemon=True)
             _worker.start()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child keeps only the thread that forked: the lock may be held for good
+    by a thread that was inside :func:`start` at the fork, and the ends still queued are
+    the parent's calls, which the parent ends."""
+    global _pending, _worker, _lock
+    _pending = queue.SimpleQueue()
+    _worker = None
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def defer(end: Callable[[], None]) -> None:

@@ -21,11 +21,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 from typing import TextIO
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
+from spec_decode_otel._fork import fork_safe_lock
 from spec_decode_otel._logging import rate_limited
 from spec_decode_otel.summary import row_for_span
 
@@ -41,7 +41,9 @@ class RecordsFileProcessor(SpanProcessor):
         else:
             self._file = target
             self._owned = False
-        self._lock = threading.Lock()
+        # A fork waits for the line being written: a child forked in the middle of one
+        # would wait forever for this lock (and the file's own buffer lock).
+        self._lock = fork_safe_lock()
 
     def on_end(self, span: ReadableSpan) -> None:
         context = span.context

@@ -12,9 +12,12 @@ for seconds, so a call is certainly waiting on the server when the test cancels 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import json
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -31,6 +34,7 @@ import spec_decode_otel
 from reclaimed import collect
 from spec_decode_otel import SpecDecodeInstrumentor, record_from_json
 from spec_decode_otel.instrumentation import finalizer
+from spec_decode_otel.records import RecordsFileProcessor
 from spec_decode_otel.telemetry import (
     ERROR_TYPE,
     SD_MEAN_ACCEPTANCE_LENGTH,
@@ -518,6 +522,77 @@ def test_a_child_forked_while_the_finalizer_thread_starts_gets_its_own(
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         assert child == "2 ['not_read_to_end', 'recorded']"
+
+
+def writing_a_record(thread: threading.Thread) -> bool:
+    """``thread`` is inside ``RecordsFileProcessor.on_end`` (its write blocked)."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None:
+        if frame.f_code.co_name == "on_end" and frame.f_code.co_filename.endswith("records.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_a_child_forked_while_a_records_line_is_written_records_its_own_calls(
+    otel: Otel, simulator_url: str, openai_client: openai.OpenAI
+) -> None:
+    """``RecordsFileProcessor`` writes and flushes each line under its lock, in the thread
+    that ends the call. A ``fork()`` from another thread in the middle of a write gave the
+    child that lock held by a thread it does not have: its first call's span end waited
+    forever (56 of 60 children forked while two threads made calls, in
+    /tmp/exp9/audit/forkstress.py: the writer releases the GIL inside the write, which is
+    when another thread gets to fork). Here the records go to a full pipe, so a write is
+    certainly in progress at the fork; the fork now waits for it, and the child's call
+    writes its own line."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(write, b"\n" * 4096)  # fill the pipe: the next write blocks
+    os.set_blocking(write, True)
+    target = os.fdopen(write, "w", encoding="utf-8")
+    drained: list[bytes] = []
+
+    def drain() -> None:
+        time.sleep(0.5)  # well after the fork has started to wait
+        while chunk := os.read(read, 65536):
+            drained.append(chunk)
+
+    otel.tracer_provider.add_span_processor(RecordsFileProcessor(target))
+    with instrumented(otel):
+        writer = threading.Thread(
+            target=lambda: openai_client.chat.completions.create(**chat(27, stream=False))
+        )
+        writer.start()
+        while not writing_a_record(writer):
+            assert writer.is_alive()
+            time.sleep(0.01)
+        drainer = threading.Thread(target=drain)
+        drainer.start()
+        report_read, report_write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report through the pipe, never return into pytest
+            code = 1
+            try:
+                signal.alarm(20)  # a deadlock ends the child; the parent sees no report
+                client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
+                client.chat.completions.create(**chat(28, stream=False))
+                client.close()
+                os.write(report_write, b"ended")
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(report_write)
+        with os.fdopen(report_read) as pipe:
+            child = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        writer.join()
+    target.close()
+    drainer.join()
+    assert os.waitstatus_to_exitcode(status) == 0 and child == "ended"
+    rows = [json.loads(line) for line in b"".join(drained).decode().splitlines() if line]
+    assert len(rows) == 2  # the parent's line, once, and the child's
 
 
 # -- what user code sees ---------------------------------------------------------------------

@@ -4,8 +4,9 @@ rate-limited, so a misbehaving server cannot flood the application's logs."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
+
+from spec_decode_otel._fork import fork_safe_lock
 
 logger = logging.getLogger("spec_decode_otel")
 # The convention for libraries: no output of ours unless the application asks for it.
@@ -19,7 +20,7 @@ class RateLimitedLog:
         self._interval = interval
         self._last: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
-        self._lock = threading.Lock()
+        self._lock = fork_safe_lock()
 
     def log(self, level: int, key: str, msg: str, *args: object, exc_info: bool = False) -> None:
         if not logger.isEnabledFor(level):
@@ -42,7 +43,7 @@ class RateLimitedLog:
 
 rate_limited = RateLimitedLog()
 
-_once_lock = threading.Lock()
+_once_lock = fork_safe_lock()
 _said_once: set[str] = set()
 
 

@@ -21,6 +21,7 @@ from opentelemetry import metrics
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from spec_decode_otel._fork import fork_safe_lock
 from spec_decode_otel.outcome import Outcome
 from spec_decode_otel.record import MAX_COUNT, SpecDecodeAcceptanceRecord
 from spec_decode_otel.version import __version__
@@ -127,7 +128,7 @@ class _BoundedValues:
     def __init__(self, limit: int = MAX_VALUES_PER_ATTRIBUTE) -> None:
         self._limit = limit
         self._seen: set[Any] = set()
-        self._lock = threading.Lock()
+        self._lock = fork_safe_lock()
 
     def __call__(self, value: Any) -> Any:
         with self._lock:
@@ -152,7 +153,7 @@ class _Totals:
 
     def __init__(self) -> None:
         self._sums: dict[AttributeKey, int] = {}
-        self._lock = threading.Lock()
+        self._lock = fork_safe_lock()
 
     def add(self, key: AttributeKey, value: int) -> None:
         with self._lock:
@@ -213,7 +214,7 @@ class SpecDecodeInstruments:
                 name, callbacks=[totals.observe], unit=unit, description=description
             )
         self._bounded: dict[str, _BoundedValues] = {}
-        self._bounded_lock = threading.Lock()
+        self._bounded_lock = fork_safe_lock()
 
     def bound(self, key: str, value: Any) -> Any:
         """``value`` for metric attribute ``key``, or the overflow value past the limit."""

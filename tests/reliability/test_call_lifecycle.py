@@ -33,7 +33,9 @@ from reliability_helpers import API_KEY, Otel, canary_messages, instrumented, un
 import spec_decode_otel
 from reclaimed import collect
 from spec_decode_otel import SpecDecodeInstrumentor, record_from_json
+from spec_decode_otel._logging import rate_limited
 from spec_decode_otel.instrumentation import finalizer
+from spec_decode_otel.instrumentation.hints import hints
 from spec_decode_otel.records import RecordsFileProcessor
 from spec_decode_otel.telemetry import (
     ERROR_TYPE,
@@ -42,6 +44,7 @@ from spec_decode_otel.telemetry import (
     SD_NUM_SPEC_STEPS,
     SD_OUTCOME,
     SD_READ_TO_END,
+    instruments_for,
 )
 
 #: The server holds every chunk after the first this long: far beyond any wait here.
@@ -593,6 +596,58 @@ def test_a_child_forked_while_a_records_line_is_written_records_its_own_calls(
     assert os.waitstatus_to_exitcode(status) == 0 and child == "ended"
     rows = [json.loads(line) for line in b"".join(drained).decode().splitlines() if line]
     assert len(rows) == 2  # the parent's line, once, and the child's
+
+
+def test_a_child_forked_while_another_thread_counts_a_call_records_its_own_calls(
+    otel: Otel, simulator_url: str, openai_client: openai.OpenAI
+) -> None:
+    """Ending a call takes the locks of our counters (``spec_decode.*`` sums, also read
+    by the metric reader's thread), of the bounded metric attributes and of the hints,
+    each for a moment. A ``fork()`` from another thread in that moment gave the child the
+    lock held for good, and its first call waited forever: 9 of 400 children forked while
+    two threads made calls and a reader collected (/tmp/exp9/audit/forkstress.py; the 6
+    others hung in the SDK's own histogram locks). Here another thread holds them all as
+    the parent forks; the fork now waits for them, and the child records its call."""
+    with instrumented(otel):
+        openai_client.chat.completions.create(**chat(29, stream=False))
+        instruments = instruments_for(otel.meter_provider)
+        sums = (instruments.requests, instruments.draft_tokens, instruments.verify_steps)
+        locks = [totals._lock for totals in sums]
+        locks += [instruments._bounded_lock, hints._lock, rate_limited._lock]
+        locks += [bounded._lock for bounded in instruments._bounded.values()]
+        held = threading.Event()
+
+        def hold_for_a_moment() -> None:
+            with contextlib.ExitStack() as stack:
+                for lock in locks:
+                    stack.enter_context(lock)
+                held.set()
+                time.sleep(0.3)
+
+        holder = threading.Thread(target=hold_for_a_moment)
+        holder.start()
+        held.wait()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report through the pipe, never return into pytest
+            os.close(read)
+            code = 1
+            try:
+                signal.alarm(20)  # a deadlock ends the child; the parent sees no report
+                client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
+                client.chat.completions.create(**chat(30, stream=False))
+                client.close()
+                os.write(write, str(requests_by_outcome(otel)).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            child = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        holder.join()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert child == "{'recorded': 2}"  # the parent's call (counted before the fork) and its own
 
 
 # -- what user code sees ---------------------------------------------------------------------

@@ -16,9 +16,9 @@ a hint can be said again (tests use it).
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
+from spec_decode_otel._fork import fork_safe_lock
 from spec_decode_otel._logging import logger
 from spec_decode_otel.outcome import Outcome
 
@@ -70,7 +70,7 @@ class Hints:
         self._servers: dict[str, _Server] = {}
         self._any_stats = False
         self._said: set[str] = set()
-        self._lock = threading.Lock()
+        self._lock = fork_safe_lock()
 
     def reset(self) -> None:
         """Forget every server and every hint said."""

@@ -6,8 +6,10 @@ that needs it waits forever (multiprocessing's default start method on Linux, gu
 Celery, in a process whose other threads are ending calls). The locks a call's end takes
 are therefore taken just before a fork and released just after it, in the parent and the
 child, as the standard library's ``logging`` does with its handlers' locks. Each is held
-only briefly and takes no other lock of ours while held, so a fork waits for it at most
-that long.
+only briefly, so a fork waits for it at most that long. Only the records file's lock is
+ever held while another is taken (the log limiter's, to report a failed write); it is
+made later, and ``fork()`` runs its hooks in the reverse order they were registered, so
+it is taken first and nothing waits in a circle.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from typing import Any
 
 import wrapt
 
+from spec_decode_otel._fork import fork_safe_lock
 from spec_decode_otel._logging import report_internal_error
 
 #: Numbers SDK requests and call starts in one order (``next`` is atomic under the GIL).
@@ -95,7 +96,7 @@ MAX_STREAMS = 4096
 MAX_RESPONSE_ID = 256
 #: (response id, ``host:port``) → the sequence number when the wrapper noted the stream.
 _streams: OrderedDict[tuple[str, str], int] = OrderedDict()
-_streams_lock = threading.Lock()
+_streams_lock = fork_safe_lock()
 #: LiteLLM calls the callback saw start and not yet end. Streams are noted only while
 #: there is one: an application that imports LiteLLM and streams through the openai SDK
 #: alone keeps nothing.

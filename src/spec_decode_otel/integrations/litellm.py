@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -53,6 +52,7 @@ from opentelemetry.context import Context
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
 from spec_decode_otel._attributes import current_attributes
+from spec_decode_otel._fork import fork_safe_lock
 from spec_decode_otel._logging import report_internal_error, warn_once
 from spec_decode_otel.instrumentation import _build
 from spec_decode_otel.instrumentation.call import Call, CallPlan
@@ -110,7 +110,7 @@ class _Calls:
     def __init__(self) -> None:
         self._started: OrderedDict[str, _Started] = OrderedDict()
         self._ended: OrderedDict[str, None] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = fork_safe_lock()
 
     def start(self, call_id: str, make: Any) -> _Started:
         with self._lock:

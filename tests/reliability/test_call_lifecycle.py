@@ -431,6 +431,32 @@ def test_a_stream_open_across_uninstrument_ends_once_where_it_started(
         first.shutdown()
 
 
+def forked(work: Callable[[], str]) -> Callable[[], tuple[int, str]]:
+    """Fork. The child runs ``work`` (a deadlock ends it after 20 s, with no report),
+    writes what it returns through a pipe and exits without returning into pytest. The
+    parent gets a function that waits for the child: (its exit code, its report)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        code = 1
+        try:
+            signal.alarm(20)
+            os.write(write, work().encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+
+    def wait() -> tuple[int, str]:
+        with os.fdopen(read) as pipe:
+            report = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status), report
+
+    return wait
+
+
 def test_a_forked_child_records_its_own_calls_and_the_parent_keeps_its_stream(
     otel: Otel, simulator_url: str, openai_client: openai.OpenAI
 ) -> None:
@@ -440,31 +466,18 @@ def test_a_forked_child_records_its_own_calls_and_the_parent_keeps_its_stream(
     with instrumented(otel):
         stream = openai_client.chat.completions.create(**chat(18))
         next(stream)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report through the pipe, never return into pytest
-            os.close(read)
-            code = 1
-            try:
-                signal.alarm(20)  # a deadlock ends the child; the parent sees no report
-                started, ended = otel.counter.started, otel.counter.ended
-                client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
-                list(client.chat.completions.create(**chat(19)))
-                with client.chat.completions.create(**chat(20)) as early:
-                    next(early)
-                client.close()
-                outcomes = sorted(requests_by_outcome(otel))
-                report = f"{otel.counter.started - started} {otel.counter.ended - ended} {outcomes}"
-                os.write(write, report.encode())
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(write)
-        with os.fdopen(read) as pipe:
-            child = pipe.read()
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-        assert child == "2 2 ['not_read_to_end', 'recorded']"
+
+        def child() -> str:
+            started, ended = otel.counter.started, otel.counter.ended
+            client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
+            list(client.chat.completions.create(**chat(19)))
+            with client.chat.completions.create(**chat(20)) as early:
+                next(early)
+            client.close()
+            outcomes = sorted(requests_by_outcome(otel))
+            return f"{otel.counter.started - started} {otel.counter.ended - ended} {outcomes}"
+
+        assert forked(child)() == (0, "2 2 ['not_read_to_end', 'recorded']")
         assert otel.counter.ended == 0
         list(stream)
     assert only_span(otel).attributes[SD_OUTCOME] == "recorded"
@@ -573,27 +586,18 @@ def test_a_child_forked_while_a_records_line_is_written_records_its_own_calls(
             time.sleep(0.01)
         drainer = threading.Thread(target=drain)
         drainer.start()
-        report_read, report_write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report through the pipe, never return into pytest
-            code = 1
-            try:
-                signal.alarm(20)  # a deadlock ends the child; the parent sees no report
-                client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
-                client.chat.completions.create(**chat(28, stream=False))
-                client.close()
-                os.write(report_write, b"ended")
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(report_write)
-        with os.fdopen(report_read) as pipe:
-            child = pipe.read()
-        _, status = os.waitpid(pid, 0)
+
+        def child() -> str:
+            client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
+            client.chat.completions.create(**chat(28, stream=False))
+            client.close()
+            return "ended"
+
+        ended = forked(child)()
         writer.join()
     target.close()
     drainer.join()
-    assert os.waitstatus_to_exitcode(status) == 0 and child == "ended"
+    assert ended == (0, "ended")
     rows = [json.loads(line) for line in b"".join(drained).decode().splitlines() if line]
     assert len(rows) == 2  # the parent's line, once, and the child's
 
@@ -627,27 +631,16 @@ def test_a_child_forked_while_another_thread_counts_a_call_records_its_own_calls
         holder = threading.Thread(target=hold_for_a_moment)
         holder.start()
         held.wait()
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report through the pipe, never return into pytest
-            os.close(read)
-            code = 1
-            try:
-                signal.alarm(20)  # a deadlock ends the child; the parent sees no report
-                client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
-                client.chat.completions.create(**chat(30, stream=False))
-                client.close()
-                os.write(write, str(requests_by_outcome(otel)).encode())
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(write)
-        with os.fdopen(read) as pipe:
-            child = pipe.read()
-        _, status = os.waitpid(pid, 0)
+
+        def child() -> str:
+            client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
+            client.chat.completions.create(**chat(30, stream=False))
+            client.close()
+            return str(requests_by_outcome(otel))
+
+        ended = forked(child)()
         holder.join()
-    assert os.waitstatus_to_exitcode(status) == 0
-    assert child == "{'recorded': 2}"  # the parent's call (counted before the fork) and its own
+    assert ended == (0, "{'recorded': 2}")  # the parent's call (before the fork) and its own
 
 
 # -- what user code sees ---------------------------------------------------------------------

@@ -257,22 +257,25 @@ class _RawResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic
             self._self_raw = RawBody(self._self_call, self.__wrapped__)
         return self._self_raw
 
-    def _closed(self) -> None:
+    def _ending(self) -> Callable[[], None] | None:
+        """What ends the call when the response is closed or reclaimed: None when the
+        user's ``parse()`` result ends it. It does not hold the proxy."""
         if self._self_raw is not None:
-            self._self_raw.stop()
-        elif self._self_parsed is None:
-            self._self_call.finish_empty(read_to_end=False)
+            return self._self_raw.stop
+        if self._self_parsed is None:
+            return functools.partial(self._self_call.finish_empty, read_to_end=False)
+        return None
+
+    def _closed(self) -> None:
+        end = self._ending()
+        if end is not None:
+            end()
 
     def __del__(self) -> None:
-        raw, call = self._self_raw, self._self_call
-        if call.done:
-            return
-        if raw is not None:
-            call.reclaimed()
-            finalizer.defer(raw.stop)
-        elif self._self_parsed is None:
-            call.reclaimed()
-            finalizer.defer(functools.partial(call.finish_empty, read_to_end=False))
+        end = self._ending()
+        if end is not None and not self._self_call.done:
+            self._self_call.reclaimed()
+            finalizer.defer(end)
 
 
 class SyncRawResponseProxy(_RawResponseProxy):

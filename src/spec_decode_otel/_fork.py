@@ -3,13 +3,17 @@
 ``fork()`` copies a lock as it is, but only the thread that forked: a lock that another
 thread held at that moment stays held in the child for good, and the child's first call
 that needs it waits forever (multiprocessing's default start method on Linux, gunicorn,
-Celery, in a process whose other threads are ending calls). The locks a call's end takes
-are therefore taken just before a fork and released just after it, in the parent and the
-child, as the standard library's ``logging`` does with its handlers' locks. Each is held
-only briefly, so a fork waits for it at most that long. Only the records file's lock is
-ever held while another is taken (the log limiter's, to report a failed write); it is
-made later, and ``fork()`` runs its hooks in the reverse order they were registered, so
-it is taken first and nothing waits in a circle.
+Celery, in a process whose other threads are ending calls).
+
+Most of these locks guard a few dictionary or set operations, which a child may inherit
+half-way without harm, so the child simply gets them unlocked. They are not taken around
+the fork, as the standard library's ``logging`` takes its handlers' locks: under gevent,
+other greenlets run in the child before the after-fork hooks have all run (a hook that
+starts a thread waits on the hub), and one of them would find a lock the fork took still
+held, blocking the child's only OS thread for good.
+
+The records file's lock is the exception: a line being written at the fork holds the
+file's own buffer lock too, which no hook can release, so the fork waits for the line.
 """
 
 from __future__ import annotations
@@ -19,7 +23,21 @@ import threading
 
 
 def fork_safe_lock() -> threading.Lock:
-    """A new lock that ``fork()`` takes before it forks and releases after."""
+    """A new lock that a forked child gets unlocked."""
+    lock = threading.Lock()
+    if hasattr(os, "register_at_fork"):  # POSIX
+
+        def unlock_in_child() -> None:
+            if lock.locked():  # by a thread the child does not have
+                lock.release()
+
+        os.register_at_fork(after_in_child=unlock_in_child)
+    return lock
+
+
+def fork_waiting_lock() -> threading.Lock:
+    """A new lock that ``fork()`` takes before it forks and releases after: the fork
+    waits for whatever holds it."""
     lock = threading.Lock()
     if hasattr(os, "register_at_fork"):  # POSIX
         os.register_at_fork(

@@ -25,7 +25,7 @@ from typing import TextIO
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
-from spec_decode_otel._fork import fork_safe_lock
+from spec_decode_otel._fork import fork_waiting_lock
 from spec_decode_otel._logging import rate_limited
 from spec_decode_otel.summary import row_for_span
 
@@ -42,8 +42,9 @@ class RecordsFileProcessor(SpanProcessor):
             self._file = target
             self._owned = False
         # A fork waits for the line being written: a child forked in the middle of one
-        # would wait forever for this lock (and the file's own buffer lock).
-        self._lock = fork_safe_lock()
+        # would wait forever for the file's own buffer lock. (Under gevent, a child's
+        # greenlet that ends a span before the after-fork hooks have run waits too.)
+        self._lock = fork_waiting_lock()
 
     def on_end(self, span: ReadableSpan) -> None:
         context = span.context

@@ -17,6 +17,7 @@ import gc
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -482,6 +483,106 @@ def test_a_forked_child_records_its_own_calls_and_the_parent_keeps_its_stream(
         list(stream)
     assert only_span(otel).attributes[SD_OUTCOME] == "recorded"
     assert requests_by_outcome(otel) == {"recorded": 1}
+
+
+def test_a_forked_child_dropping_its_copy_of_the_parents_stream_ends_nothing(
+    otel: Otel, simulator_url: str, openai_client: openai.OpenAI
+) -> None:
+    """A forked child inherits the parent's open stream (multiprocessing, a gunicorn
+    preload). When the child drops its copy, the garbage collector reclaims it there; the
+    child's finalizer used to end that copy, exporting the parent's call a second time
+    from the child, as a stream not read to its end. Now only the child's own calls end
+    in the child (here one it drops too), and the parent's stream ends once, in the
+    parent."""
+    with instrumented(otel):
+        inherited = [openai_client.chat.completions.create(**chat(27))]
+        next(inherited[0])
+
+        def child() -> str:
+            ended = otel.counter.ended
+            client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
+            own = client.chat.completions.create(**chat(28))
+            next(own)
+            del own  # starts the child's finalizer, which ends the child's own call
+            inherited.clear()
+            collect()
+            client.close()
+            return f"{otel.counter.ended - ended} {requests_by_outcome(otel)}"
+
+        assert forked(child)() == (0, "1 {'not_read_to_end': 1}")
+        list(inherited[0])
+    assert only_span(otel).attributes[SD_OUTCOME] == "recorded"
+    assert requests_by_outcome(otel) == {"recorded": 1}
+
+
+GEVENT_APP = """
+import gc, sys, faulthandler
+faulthandler.dump_traceback_later(30, exit=True)
+if sys.argv[2] == "first":
+    from gevent import monkey
+    monkey.patch_all()
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from spec_decode_otel import SpecDecodeInstrumentor
+spans = InMemorySpanExporter()
+tracer_provider = TracerProvider()
+tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+SpecDecodeInstrumentor().instrument(
+    tracer_provider=tracer_provider, meter_provider=MeterProvider()
+)
+if sys.argv[2] == "after":
+    from gevent import monkey
+    monkey.patch_all()
+import gevent, openai
+client = openai.OpenAI(base_url=sys.argv[1], api_key="x", max_retries=0)
+def work(seed):
+    headers = {"x-spec-decode-engine": "vllm", "x-sim-seed": str(seed)}
+    messages = [{"role": "user", "content": "hi"}]
+    stream = client.chat.completions.create(
+        model="spec-sim", messages=messages, stream=True, extra_headers=headers
+    )
+    next(stream)
+    del stream
+    gc.collect()
+    client.chat.completions.create(model="spec-sim", messages=messages, extra_headers=headers)
+workers = [gevent.spawn(work, seed) for seed in range(4)]
+gevent.joinall(workers, timeout=20)
+gevent.sleep(0.5)
+print(sum(w.successful() for w in workers),
+      sorted(s.attributes["spec_decode.outcome"] for s in spans.get_finished_spans()))
+"""
+
+
+@pytest.mark.parametrize("patched", ["first", "after"])
+def test_a_gevent_app_keeps_running_when_a_stream_is_dropped(
+    simulator_url: str, patched: str
+) -> None:
+    """gevent (26.9) monkey-patched first, as gevent asks, or after the instrumentation
+    was imported, as under ``opentelemetry-instrument`` with a gunicorn gevent worker,
+    whose patching runs after the instrumentors load. Patched after, two hangs, each
+    fatal alone. The finalizer's queue was made
+    at import, a C ``SimpleQueue``, and its thread at the first dropped stream, by then a
+    greenlet: waiting on the C queue it blocked the only OS thread (faulthandler's dump
+    showed it in ``finalizer._run``). And the ``openai`` SDK's first requests run
+    ``platform.uname()``, which forks under gevent: our locks, taken around the fork,
+    were still held in the child when gevent ran the other greenlets there, before the
+    after-fork hooks; one of them waited on a lock (py-spy: ``SpecDecodeInstruments.bound``)
+    and the child never exec'd, so its parent greenlet waited for good (1 of 4 finished).
+    Four greenlets each drop a stream and make one more call: all finish, and every
+    call's span is ended."""
+    done = subprocess.run(
+        [sys.executable, "-c", GEVENT_APP, simulator_url, patched],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split(maxsplit=1) == [
+        "4",
+        str(["not_read_to_end"] * 4 + ["recorded"] * 4) + "\n",
+    ]
 
 
 def test_a_child_forked_while_the_finalizer_thread_starts_gets_its_own(

@@ -9,6 +9,7 @@ raise into user code, and the span is ended whatever happens.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -85,6 +86,8 @@ class Call:
         #: (``perf_counter``, ``time_ns``) when its dropped stream or response was
         #: reclaimed: the end runs later, on the finalizer thread, but is dated then.
         self.reclaimed_at: tuple[float, int] | None = None
+        #: The process that made the call: a forked child's copy is the parent's to end.
+        self.pid = os.getpid()
         self._done = False
         self._lock = threading.Lock()
 
@@ -96,10 +99,15 @@ class Call:
     def done(self) -> bool:
         return self._done
 
-    def reclaimed(self) -> None:
-        """Its proxy was reclaimed by the garbage collector: date the end now. Called from
-        ``__del__``, so it takes no lock and calls nothing."""
+    def reclaimed(self) -> bool:
+        """Its proxy was reclaimed by the garbage collector: date the end now, and say
+        whether it is this process's to end (not when it is done, nor in a forked child
+        dropping its copy of the parent's call, which the parent ends). Called from
+        ``__del__``, so it takes no lock."""
+        if self._done or self.pid != os.getpid():
+            return False
         self.reclaimed_at = (time.perf_counter(), time.time_ns())
+        return True
 
     def _claim(self) -> bool:
         with self._lock:

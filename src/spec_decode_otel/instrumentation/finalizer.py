@@ -8,6 +8,12 @@ that lock again there deadlocks the thread, and with it every later call that ne
 lock. So ``__del__`` only queues the end on a ``queue.SimpleQueue``, whose ``put`` the
 standard library documents as safe in ``__del__`` methods and weakref callbacks, and one
 daemon thread ends the queued calls, holding nothing.
+
+The queue and its thread are made together, when the first proxy is made, from the
+``queue`` and ``threading`` modules as they are then. An application that monkey-patches
+them later than it imports this package (gevent under ``opentelemetry-instrument``, or a
+gunicorn gevent worker) then gets a queue and a thread of one kind: a greenlet waiting on
+the C queue made at import would block the only OS thread, and the whole process with it.
 """
 
 from __future__ import annotations
@@ -19,23 +25,29 @@ from collections.abc import Callable
 
 from spec_decode_otel._logging import report_internal_error
 
-_pending: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+#: Ends waiting at most. Past it an end is dropped (its span stays unexported) rather than
+#: kept: the thread only falls that far behind when a span processor blocks for good.
+MAX_PENDING = 10_000
+
+_pending: queue.SimpleQueue[Callable[[], None]] | None = None
 _worker: threading.Thread | None = None
 _lock = threading.Lock()
 
 
 def start() -> None:
-    """Make sure the thread runs: called where a proxy is made, never from ``__del__``.
-
-    It is started again in a forked child, on the child's first proxy.
-    """
-    global _worker
+    """Make sure the queue and its thread exist: called where a proxy is made, never
+    from ``__del__``. A forked child makes its own, on its first proxy."""
+    global _pending, _worker
     if _worker is not None and _worker.is_alive():
         return
     with _lock:
         if _worker is None or not _worker.is_alive():
-            _worker = threading.Thread(target=_run, name="spec-decode-otel-finalizer", daemon=True)
+            pending = _pending if _pending is not None else queue.SimpleQueue()
+            _worker = threading.Thread(
+                target=_run, args=(pending,), name="spec-decode-otel-finalizer", daemon=True
+            )
             _worker.start()
+            _pending = pending
 
 
 def _after_fork_in_child() -> None:
@@ -43,7 +55,7 @@ def _after_fork_in_child() -> None:
     by a thread that was inside :func:`start` at the fork, and the ends still queued are
     the parent's calls, which the parent ends."""
     global _pending, _worker, _lock
-    _pending = queue.SimpleQueue()
+    _pending = None
     _worker = None
     _lock = threading.Lock()
 
@@ -53,13 +65,19 @@ if hasattr(os, "register_at_fork"):  # POSIX
 
 
 def defer(end: Callable[[], None]) -> None:
-    """End a call later, on the finalizer thread; safe in ``__del__``."""
-    _pending.put(end)
+    """End a call later, on the finalizer thread; safe in ``__del__``.
+
+    Before this process made a proxy of its own there is no queue, and the proxy being
+    reclaimed is a forked parent's copy, whose call the parent ends.
+    """
+    pending = _pending
+    if pending is not None and pending.qsize() < MAX_PENDING:
+        pending.put(end)
 
 
-def _run() -> None:
+def _run(pending: queue.SimpleQueue[Callable[[], None]]) -> None:
     while True:
-        end = _pending.get()
+        end = pending.get()
         try:
             end()
         except Exception:

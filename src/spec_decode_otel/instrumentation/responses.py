@@ -273,8 +273,7 @@ class _RawResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic
 
     def __del__(self) -> None:
         end = self._ending()
-        if end is not None and not self._self_call.done:
-            self._self_call.reclaimed()
+        if end is not None and self._self_call.reclaimed():
             finalizer.defer(end)
 
 

@@ -235,8 +235,7 @@ class _StreamProxyBase(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic 
 
     def __del__(self) -> None:
         observer = self._self_observer
-        if not observer.call.done:  # a stream read to its end (or closed) has nothing to end
-            observer.call.reclaimed()
+        if observer.call.reclaimed():
             finalizer.defer(observer.on_stop)
 
 

@@ -10,10 +10,11 @@ spec_decode_otel`` does not import this module::
     tracer_provider.add_span_processor(RecordsFileProcessor("records.jsonl"))
     # or: spec_decode_otel.setup(span_processors=[RecordsFileProcessor("records.jsonl")])
 
-A line is written and flushed when the call's span ends (sampled or not: the SDK hands
-every span that records to its processors), so the file is complete at any moment, also
-for a server that is read while it runs or stopped without an atexit flush; ``force_flush``
-flushes it and ``shutdown`` closes a file the processor opened.
+A line is written and flushed when the call's span ends, so the file is complete at any
+moment, also for a server that is read while it runs or stopped without an atexit flush;
+``force_flush`` flushes it and ``shutdown`` closes a file the processor opened. The SDK
+hands its processors every span that records, sampled or not; a call whose span the
+sampler drops gets no line (the metrics still count it).
 """
 
 from __future__ import annotations

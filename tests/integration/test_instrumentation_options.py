@@ -27,6 +27,9 @@ from instrumentation_helpers import (
     request_kwargs,
     spec_decode_attributes,
 )
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler
 
 import spec_decode_otel
 
@@ -94,6 +97,48 @@ def test_counters_keep_counting_across_reinstrumentation(otel: Otel, openai_clie
     assert sum(p.value for p in otel.points(metrics, "spec_decode.verify_steps")) == sum(steps)
     (length,) = otel.points(metrics, "spec_decode.acceptance_length")
     assert length.count == 2
+
+
+def sampled_run(sampler: Sampler, openai_client: Any) -> tuple[int, dict[str, Any]]:
+    """Three seeded calls (a body, a stream with usage, a stream without) under a tracer
+    provider with ``sampler``: the spans exported, and every ``spec_decode.*`` figure."""
+    otel = Otel()
+    otel.tracer_provider = TracerProvider(sampler=sampler)
+    otel.tracer_provider.add_span_processor(SimpleSpanProcessor(otel.exporter))
+    try:
+        otel.instrument(genai_metrics=True)
+        with otel.tracer_provider.get_tracer("tests.user").start_as_current_span("handler"):
+            call_sync(openai_client, "chat", request_kwargs("vllm", "chat", False, 91))
+            call_sync(openai_client, "chat", vllm_stream(92))
+            call_sync(openai_client, "chat", request_kwargs("vllm", "chat", True, 93))
+        figures: dict[str, Any] = {}
+        for scope, metric in otel.metrics():
+            for point in metric.data.data_points:
+                key = (scope, metric.name, tuple(sorted(point.attributes.items())))
+                if metric.unit == "s":
+                    figures[key] = point.count  # times differ from run to run
+                else:
+                    figures[key] = getattr(point, "value", None) or (point.count, point.sum)
+        return len(otel.spans()), figures
+    finally:
+        otel.close()
+
+
+def test_calls_the_sampler_drops_are_still_measured_in_full(openai_client: Any) -> None:
+    """Production tracing keeps a few percent of traces, while dashboards and alerts read
+    the metrics, which must see every call. Under the SDK's ``ParentBased(ALWAYS_OFF)``
+    (the spans of our calls do not record, not even for exemplars) every histogram point,
+    counter and outcome count is what the same seeded calls give fully sampled."""
+    sampled_spans, sampled = sampled_run(ALWAYS_ON, openai_client)
+    dropped_spans, dropped = sampled_run(ParentBased(ALWAYS_OFF), openai_client)
+    assert (sampled_spans, dropped_spans) == (4, 0)
+    assert dropped == sampled
+    outcomes = {
+        dict(key[2])["spec_decode.outcome"]: value
+        for key, value in sampled.items()
+        if key[1] == "spec_decode.requests"
+    }
+    assert outcomes == {"recorded": 2, "no_stats": 1}
 
 
 # -- user attributes ---------------------------------------------------------------------

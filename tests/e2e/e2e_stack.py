@@ -299,6 +299,20 @@ class Stack:
             proc.stop()
 
 
+def shipped_servers_job() -> dict[str, Any]:
+    """The inference servers' job that prometheus.yml ships commented out, uncommented:
+    the stack scrapes the simulator with it, so the block users uncomment is the one
+    tested. Its example target must carry the two labels the clients' series have."""
+    text = (CONFIG_DIR / "prometheus.yml").read_text()
+    start = text.index(f"  # - job_name: {SERVERS_JOB}")
+    block = "\n".join(line.replace("# ", "", 1) for line in text[start:].splitlines())
+    (job,) = yaml.safe_load(block)
+    (example,) = job["static_configs"]
+    if set(example["labels"]) != {"server_address", "server_port"}:
+        raise StackError("prometheus.yml's inference-servers job has other labels")
+    return dict(job)
+
+
 def write_prometheus_config(
     dest: Path, exporter_port: int, servers: Sequence[tuple[str, int]] = ()
 ) -> Path:
@@ -322,20 +336,17 @@ def write_prometheus_config(
     job["static_configs"] = [{"targets": [f"127.0.0.1:{exporter_port}"]}]
     config["scrape_configs"] = [job]
     if servers:
-        config["scrape_configs"].append(
+        servers_job = shipped_servers_job()
+        servers_job["scrape_interval"] = SCRAPE_INTERVAL
+        servers_job["scrape_timeout"] = SCRAPE_INTERVAL
+        servers_job["static_configs"] = [
             {
-                "job_name": SERVERS_JOB,
-                "scrape_interval": SCRAPE_INTERVAL,
-                "scrape_timeout": SCRAPE_INTERVAL,
-                "static_configs": [
-                    {
-                        "targets": [f"{host}:{port}"],
-                        "labels": {"server_address": host, "server_port": str(port)},
-                    }
-                    for host, port in servers
-                ],
+                "targets": [f"{host}:{port}"],
+                "labels": {"server_address": host, "server_port": str(port)},
             }
-        )
+            for host, port in servers
+        ]
+        config["scrape_configs"].append(servers_job)
     dest.write_text(yaml.safe_dump(config, sort_keys=False))
     return dest
 

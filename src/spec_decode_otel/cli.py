@@ -2,8 +2,8 @@
 
 ``parse`` and ``summarize`` need the core alone and run here, over
 :mod:`spec_decode_otel.payloads` and :mod:`spec_decode_otel.summary`, which do no I/O of
-their own. ``simulate`` and ``demo`` need their extras: their modules hold their flags and
-run them, and a missing extra is named instead of a traceback.
+their own. ``simulate``, ``demo`` and ``check`` need extras: their modules hold their
+flags and run them, and a missing extra is named instead of a traceback.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from spec_decode_otel.payloads import record_from_text
 _EXTRA_HINT = {
     "simulate": "pip install 'spec-decode-otel[simulator]'",
     "demo": "pip install 'spec-decode-otel[demo]'",
+    "check": "pip install 'spec-decode-otel[instruments,otlp]'",
 }
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from spec_decode_otel.check import add_arguments as add_check_arguments
     from spec_decode_otel.demo import add_arguments as add_demo_arguments
     from spec_decode_otel.simulator.cli import add_arguments as add_simulate_arguments
 
@@ -53,6 +55,11 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     add_demo_arguments(
         sub.add_parser("demo", help="run an instrumented workload on the embedded simulator")
+    )
+    add_check_arguments(
+        sub.add_parser(
+            "check", help="ask a live server whether its responses carry spec-decode stats"
+        )
     )
     return parser
 
@@ -128,6 +135,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if args.command == "simulate":
             from spec_decode_otel.simulator.cli import run
+        elif args.command == "check":
+            from spec_decode_otel.check import run
         else:
             from spec_decode_otel.demo import run
         return run(args)

@@ -5,7 +5,7 @@ promises of issue 14 and the README:
   exporter, no grpc, no fastapi), in an environment where none of those is installed;
 - ``spec-decode-otel --help`` and ``spec-decode-otel parse FILE`` work, ``parse`` giving
   the same record as in the full test environment;
-- ``simulate`` and ``demo`` print the extra to install and exit non-zero, and
+- ``simulate``, ``demo`` and ``check`` print the extra to install and exit non-zero, and
   ``setup()`` raises an ImportError naming the ``otlp`` extra.
 
 The environment is a real venv holding the core dependencies from the package index
@@ -134,7 +134,7 @@ def test_import_loads_only_the_opentelemetry_api(core_bin: Path, tmp_path: Path)
 def test_help_and_parse_work(core_bin: Path, tmp_path: Path) -> None:
     helped = run(core_bin, "spec-decode-otel", "--help", cwd=tmp_path)
     assert helped.returncode == 0, helped.stderr
-    for command in ("parse", "simulate", "demo"):
+    for command in ("parse", "simulate", "demo", "check"):
         assert re.search(rf"^\s+{command}\s", helped.stdout, re.M), helped.stdout
     parsed = run(core_bin, "spec-decode-otel", "parse", str(SSE_PAYLOAD), cwd=tmp_path)
     assert parsed.returncode == 0, parsed.stderr
@@ -151,12 +151,18 @@ def test_help_and_parse_work(core_bin: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("command", "extra"), [("simulate", "simulator"), ("demo", "demo")], ids=["simulate", "demo"]
+    ("command", "extra"),
+    [
+        (["simulate"], "simulator"),
+        (["demo"], "demo"),
+        (["check", "http://127.0.0.1:9/v1", "--model", "m"], "instruments,otlp"),
+    ],
+    ids=["simulate", "demo", "check"],
 )
 def test_commands_needing_an_extra_say_which(
-    core_bin: Path, tmp_path: Path, command: str, extra: str
+    core_bin: Path, tmp_path: Path, command: list[str], extra: str
 ) -> None:
-    done = run(core_bin, "spec-decode-otel", command, cwd=tmp_path)
+    done = run(core_bin, "spec-decode-otel", *command, cwd=tmp_path)
     assert done.returncode != 0
     assert f"pip install 'spec-decode-otel[{extra}]'" in done.stderr
     assert "Traceback" not in done.stderr

@@ -187,7 +187,7 @@ def test_readme_links_resolve() -> None:
     for target in re.findall(r"\]\(((?!https?:|#)[^)#]+)(?:#[^)]*)?\)", README):
         assert (REPO / target).exists(), f"README links to missing {target}"
     for anchor in re.findall(r"\]\(#([^)]+)\)", README):
-        titles = re.findall(r"^## (.+)$", README, re.M)
+        titles = re.findall(r"^#{2,4} (.+)$", README, re.M)  # GitHub anchors every level
         slugs = {re.sub(r"[^\w\- ]", "", t).strip().lower().replace(" ", "-") for t in titles}
         assert anchor in slugs, f"README links to missing section #{anchor}"
 

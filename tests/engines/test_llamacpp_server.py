@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -482,3 +483,32 @@ def test_tiny_models_are_byte_for_byte_reproducible(
     seed, noise = MODELS["target"]
     again = write_model(tmp_path / "again.gguf", llama_install.vocab, seed=seed, noise=noise)
     assert again.read_bytes() == target
+
+
+# --------------------------------------------------------------------------- the check command
+
+
+def test_check_reads_the_real_server_with_and_without_drafting(llama_server: Any) -> None:
+    """``spec-decode-otel check`` against llama.cpp b11312 itself. Drafting (``-md`` with
+    ``--spec-type``): the plain call and both streams are partial records of engine
+    llamacpp (it sends ``timings`` on a stream's final chunk whether or not the request
+    asks for usage) and the command exits 0. The draft loaded without a spec type: no
+    call has stats, and it exits 1 naming llama.cpp's switch."""
+    for spec, status, outcome in ((True, 0, "partial"), (False, 1, "no_stats")):
+        server = llama_server("identical", spec=spec)
+        command = (sys.executable, "-m", "spec_decode_otel", "check", server.base_url)
+        done = subprocess.run(
+            [*command, "--model", "tiny-target", "--max-tokens", str(MAX_TOKENS)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == status, done.stdout + done.stderr
+        for probe in ("chat", "stream", "stream + include_usage"):
+            line = re.search(rf"^  {re.escape(probe)}\s+(\S.*)$", done.stdout, re.M)
+            assert line, done.stdout
+            assert line.group(1).split()[0] == outcome
+            if spec:
+                assert "engine llamacpp  acceptance rate" in line.group(1)
+        if not spec:
+            assert "llama.cpp --spec-type with -md" in done.stdout

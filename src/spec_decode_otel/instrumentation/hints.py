@@ -41,13 +41,18 @@ INCLUDE_USAGE = (
     "chunk): set inject_include_usage=True (SPEC_DECODE_OTEL_INJECT_INCLUDE_USAGE=true), "
     "or start vLLM with --enable-force-include-usage"
 )
+#: What gets a server's stats to the client (also said by ``spec-decode-otel check``).
+TURN_STATS_ON = (
+    "turn the server's per-request stats on (vLLM --per-request-spec-decode-metrics "
+    "summary; SGLang request_engine_stats=('sglang',); TensorRT-LLM "
+    "per_request_spec_decode_stats: true; llama.cpp --spec-type with -md), make vLLM "
+    "streams ask for them (inject_include_usage=True), and check that no gateway in front "
+    "of it strips the fields"
+)
 QUIET_SERVER = (
-    "%s answered %d calls without spec-decode stats while other servers sent them: turn "
-    "its per-request stats on (vLLM --per-request-spec-decode-metrics summary; SGLang "
-    "request_engine_stats=('sglang',); TensorRT-LLM per_request_spec_decode_stats: true; "
-    "llama.cpp --spec-type with -md), make vLLM streams ask for them "
-    "(inject_include_usage=True), and check that no gateway in front of it strips the "
-    "fields (README: Why is my dashboard empty?)"
+    "%s answered %d calls without spec-decode stats while other servers sent them: "
+    + TURN_STATS_ON.replace("%", "%%")
+    + " (README: Why is my dashboard empty?)"
 )
 
 

@@ -1,0 +1,178 @@
+"""``spec-decode-otel check``: ask a live server whether its responses carry spec-decode
+stats, through the instrumented ``openai`` SDK, and say what to change when they do not.
+
+It answers "why is my dashboard empty?" from the server itself. Three chat requests — a
+plain one, a stream as most applications make it (without ``include_usage``), and a
+stream that asks for the usage chunk — go through a client instrumented exactly as in an
+application, with in-memory OpenTelemetry providers. Each request's line is read from
+the span the instrumentation ended: its outcome and what its record holds. The hints
+after them are the instrumentation's own log lines, the ones an application gets; when
+no request had stats, the command says where each engine switches them on. Nothing is
+exported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from spec_decode_otel._logging import logger
+from spec_decode_otel.instrumentation.hints import TURN_STATS_ON
+from spec_decode_otel.outcome import Outcome
+
+#: The requests made, by label: what the SDK call adds to model, messages and max_tokens.
+PROBES: tuple[tuple[str, Mapping[str, Any]], ...] = (
+    ("chat", {}),
+    ("stream", {"stream": True}),
+    ("stream + include_usage", {"stream": True, "stream_options": {"include_usage": True}}),
+)
+MESSAGES = [{"role": "user", "content": "Explain speculative decoding in two sentences."}]
+#: Longest server error message printed (a server may send pages of HTML).
+MAX_ERROR_CHARS = 200
+WITH_RECORD = {Outcome.RECORDED.value, Outcome.PARTIAL.value}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("base_url", help="the server's OpenAI base URL, e.g. http://vllm-0:8000/v1")
+    parser.add_argument("--model", required=True, help="a model the server serves")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY", "-"),
+        help="API key (default: $OPENAI_API_KEY, else a placeholder)",
+    )
+    parser.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="an extra request header, e.g. a gateway's (repeatable)",
+    )
+    parser.add_argument(
+        "--request-engine-stats",
+        action="append",
+        default=[],
+        metavar="ENGINE",
+        help="add ENGINE's request fields that switch its stats on, as the "
+        "request_engine_stats setting does (sglang; repeatable)",
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=64, help="tokens per request (default 64)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds per request (default 60)"
+    )
+
+
+class _Hints(logging.Handler):
+    """Keeps the instrumentation's warnings (its hints) to print after the requests."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def run(args: argparse.Namespace) -> int:
+    """Make the three requests and print what arrived; exit status 0 when at least one
+    had a record, 1 when none had."""
+    import openai
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from spec_decode_otel import instrument_client
+
+    headers = dict(_header(h) for h in args.header)
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    hints = _Hints()
+    logger.addHandler(hints)
+    client = instrument_client(
+        openai.OpenAI(
+            base_url=args.base_url,
+            api_key=args.api_key,
+            default_headers=headers,
+            max_retries=0,
+            timeout=args.timeout,
+        ),
+        tracer_provider=tracer_provider,
+        meter_provider=MeterProvider(),
+        request_engine_stats=tuple(args.request_engine_stats),
+    )
+    outcomes = []
+    print(f"{args.base_url}  model {args.model}")
+    for label, extra in PROBES:
+        problem = _request(client, args, extra)
+        ended = spans.get_finished_spans()
+        spans.clear()
+        attributes = (ended[-1].attributes or {}) if ended else {}
+        outcome = str(attributes.get("spec_decode.outcome", "none"))
+        outcomes.append(outcome)
+        print(f"  {label:<24}{outcome:<18}{problem or _describe(attributes)}".rstrip())
+    client.close()
+    logger.removeHandler(hints)
+    for message in hints.messages:
+        print(f"\nhint: {message}")
+    if not WITH_RECORD.intersection(outcomes):
+        print(
+            "\nNo response carried spec-decode stats. To get them, "
+            f"{TURN_STATS_ON} (README: Why is my dashboard empty?)."
+        )
+        return 1
+    return 0
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise SystemExit(f"spec-decode-otel check: --header {text!r} is not NAME:VALUE")
+    return name.strip(), value.strip()
+
+
+def _request(client: Any, args: argparse.Namespace, extra: Mapping[str, Any]) -> str | None:
+    """Make one request and read it to its end; what went wrong, else None."""
+    import openai
+
+    try:
+        result = client.chat.completions.create(
+            model=args.model, messages=MESSAGES, max_tokens=args.max_tokens, **extra
+        )
+        if extra.get("stream"):
+            for _ in result:
+                pass
+    except openai.APIStatusError as exc:
+        return f"HTTP {exc.status_code}: {str(exc.message)[:MAX_ERROR_CHARS]}"
+    except openai.APIError as exc:
+        return f"{type(exc).__name__}: {str(exc)[:MAX_ERROR_CHARS]}"
+    return None
+
+
+def _describe(attributes: Mapping[str, Any]) -> str:
+    """What the record holds, in the terms of README's record table."""
+    engine = attributes.get("spec_decode.engine")
+    if engine is None:
+        return ""
+    parts = [f"engine {engine}"]
+    for key, label in (
+        ("spec_decode.mean_acceptance_length", "mean acceptance length"),
+        ("spec_decode.draft_acceptance_rate", "acceptance rate"),
+    ):
+        value = attributes.get(key)
+        if isinstance(value, float):
+            parts.append(f"{label} {value:.3f}")
+    for key, label in (
+        ("spec_decode.num_spec_tokens", "k"),
+        ("spec_decode.num_spec_steps", "steps"),
+        ("spec_decode.num_draft_tokens", "drafted"),
+        ("spec_decode.num_accepted_draft_tokens", "accepted"),
+    ):
+        if attributes.get(key) is not None:
+            parts.append(f"{label} {attributes[key]}")
+    return "  ".join(parts)

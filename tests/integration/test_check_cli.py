@@ -1,0 +1,125 @@
+"""``spec-decode-otel check``: a live server asked, through the instrumented ``openai``
+SDK, whether its responses carry spec-decode stats (README: Why is my dashboard empty?).
+
+The command runs as users run it, a subprocess, against the simulator SUBPROCESS; the
+simulator's per-request headers (``--header``) pick the engine shape or a fault. Its
+lines are checked against what the same requests give an instrumented application here:
+the outcome of each call and the hints the instrumentation logs. The real llama.cpp
+server's answers are in tests/engines/test_llamacpp_server.py.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import openai
+from instrumentation_helpers import Otel
+
+import spec_decode_otel
+from spec_decode_otel.instrumentation.hints import TURN_STATS_ON, hints
+
+PROBES = ("chat", "stream", "stream + include_usage")
+COMMAND = (sys.executable, "-m", "spec_decode_otel", "check")
+
+
+def check(simulator_url: str, *args: str) -> tuple[int, dict[str, str], str]:
+    """Run the command: exit status, each probe's line after its label, the whole output."""
+    done = subprocess.run(
+        [*COMMAND, simulator_url, "--model", "spec-sim", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = {}
+    for label in PROBES:
+        found = re.search(rf"^  {re.escape(label)}\s+(\S.*)$", done.stdout, re.M)
+        assert found, done.stdout
+        lines[label] = found.group(1)
+    return done.returncode, lines, done.stdout
+
+
+def outcomes_in_an_application(simulator_url: str, engine: str) -> list[str]:
+    """The outcomes the same three requests get in an instrumented application."""
+    otel = Otel()
+    hints.reset()
+    client = openai.OpenAI(
+        api_key="sk-test",
+        base_url=simulator_url,
+        max_retries=0,
+        default_headers={"x-spec-decode-engine": engine},
+    )
+    try:
+        spec_decode_otel.instrument_client(
+            client, tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider
+        )
+        messages = [{"role": "user", "content": "hi"}]
+        usage = {"include_usage": True}
+        for extra in ({}, {"stream": True}, {"stream": True, "stream_options": usage}):
+            result = client.chat.completions.create(
+                model="spec-sim", messages=messages, max_tokens=64, **extra
+            )
+            if extra:
+                list(result)
+        return [str(s.attributes["spec_decode.outcome"]) for s in otel.spans()]
+    finally:
+        client.close()
+        otel.close()
+        hints.reset()
+
+
+def test_check_shows_which_calls_of_a_vllm_server_carry_stats_and_the_fix(
+    simulator_url: str,
+) -> None:
+    """The simulator's vLLM shape (0.34.0's): stats on plain calls and on streams that
+    ask for the usage chunk, none on a stream that does not. The command says so call by
+    call, with the record's figures, and passes on the instrumentation's own
+    include-usage hint; it exits 0 since stats do arrive."""
+    status, lines, out = check(simulator_url, "--header", "x-spec-decode-engine: vllm")
+    expected = outcomes_in_an_application(simulator_url, "vllm")
+    assert expected == ["recorded", "no_stats", "recorded"]
+    assert [lines[p].split()[0] for p in PROBES] == expected
+    assert re.search(r"engine vllm\s+mean acceptance length \d\.\d{3}", lines["chat"])
+    assert "hint: 127.0.0.1:" in out and "inject_include_usage=True" in out
+    assert status == 0
+
+
+def test_check_on_a_server_without_stats_says_how_to_turn_them_on_and_fails(
+    simulator_url: str,
+) -> None:
+    """A server that sends no stats (the simulator as a plain OpenAI server): every call
+    is no_stats, the command prints where each engine switches its stats on, the same
+    words as the instrumentation's quiet-server hint, and exits 1."""
+    status, lines, out = check(simulator_url, "--header", "x-spec-decode-engine: none")
+    assert [lines[p] for p in PROBES] == ["no_stats"] * 3
+    assert outcomes_in_an_application(simulator_url, "none") == ["no_stats"] * 3
+    assert TURN_STATS_ON in " ".join(out.split())
+    assert status == 1
+
+
+def test_check_reports_a_failing_server_without_a_traceback(simulator_url: str) -> None:
+    """The server answers HTTP 500 (the simulator's ``http-500`` fault): each call's line
+    says so, and the command exits 1, as when nothing has stats."""
+    status, lines, _ = check(simulator_url, "--header", "x-sim-fault: http-500")
+    for probe in PROBES:
+        assert re.fullmatch(r"error\s+HTTP 500: .+", lines[probe]), lines[probe]
+    assert status == 1
+
+
+def test_check_on_no_server_at_all_says_it_could_not_connect(simulator_url: str) -> None:
+    """Nothing listens on the port: a connection error per call, exit 1."""
+    status, lines, _ = check("http://127.0.0.1:9/v1", "--timeout", "5")
+    assert all(lines[p].startswith("error") and "APIConnectionError" in lines[p] for p in PROBES)
+    assert status == 1
+
+
+def test_a_header_that_is_not_name_colon_value_is_refused(simulator_url: str) -> None:
+    done = subprocess.run(
+        [*COMMAND, simulator_url, "--model", "m", "--header", "no-colon"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and "is not NAME:VALUE" in done.stderr

@@ -122,24 +122,6 @@ def record_attributes(
     return attrs
 
 
-class _BoundedValues:
-    """Remembers the first N values seen for one attribute; later ones map to overflow."""
-
-    def __init__(self, limit: int = MAX_VALUES_PER_ATTRIBUTE) -> None:
-        self._limit = limit
-        self._seen: set[Any] = set()
-        self._lock = fork_safe_lock()
-
-    def __call__(self, value: Any) -> Any:
-        with self._lock:
-            if value in self._seen:
-                return value
-            if len(self._seen) < self._limit:
-                self._seen.add(value)
-                return value
-        return OVERFLOW_VALUE
-
-
 AttributeKey = tuple[tuple[str, Any], ...]
 
 
@@ -213,16 +195,18 @@ class SpecDecodeInstruments:
             meter.create_observable_counter(
                 name, callbacks=[totals.observe], unit=unit, description=description
             )
-        self._bounded: dict[str, _BoundedValues] = {}
+        #: Per metric attribute, the first values seen; later ones map to the overflow.
+        self._seen: dict[str, set[Any]] = {}
         self._bounded_lock = fork_safe_lock()
 
     def bound(self, key: str, value: Any) -> Any:
         """``value`` for metric attribute ``key``, or the overflow value past the limit."""
         with self._bounded_lock:
-            bounded = self._bounded.get(key)
-            if bounded is None:
-                bounded = self._bounded[key] = _BoundedValues()
-        return bounded(value)
+            seen = self._seen.setdefault(key, set())
+            if value in seen or len(seen) < MAX_VALUES_PER_ATTRIBUTE:
+                seen.add(value)
+                return value
+        return OVERFLOW_VALUE
 
     def series(
         self, attrs: Mapping[str, Any], record: SpecDecodeAcceptanceRecord | None

@@ -94,18 +94,22 @@ def run(args: argparse.Namespace) -> int:
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     hints = _Hints()
     logger.addHandler(hints)
-    client = instrument_client(
-        openai.OpenAI(
-            base_url=args.base_url,
-            api_key=args.api_key,
-            default_headers=headers,
-            max_retries=0,
-            timeout=args.timeout,
-        ),
-        tracer_provider=tracer_provider,
-        meter_provider=MeterProvider(),
-        request_engine_stats=tuple(args.request_engine_stats),
+    client = openai.OpenAI(
+        base_url=args.base_url,
+        api_key=args.api_key,
+        default_headers=headers,
+        max_retries=0,
+        timeout=args.timeout,
     )
+    try:
+        instrument_client(
+            client,
+            tracer_provider=tracer_provider,
+            meter_provider=MeterProvider(),
+            request_engine_stats=tuple(args.request_engine_stats),
+        )
+    except ValueError as exc:  # an unknown engine
+        raise SystemExit(f"spec-decode-otel check: {exc}") from None
     outcomes = []
     print(f"{args.base_url}  model {args.model}")
     for label, extra in PROBES:

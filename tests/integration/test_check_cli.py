@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import openai
+import pytest
 from instrumentation_helpers import Otel
 
 import spec_decode_otel
@@ -115,11 +116,20 @@ def test_check_on_no_server_at_all_says_it_could_not_connect(simulator_url: str)
     assert status == 1
 
 
-def test_a_header_that_is_not_name_colon_value_is_refused(simulator_url: str) -> None:
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--header", "no-colon"], "is not NAME:VALUE"),
+        (["--request-engine-stats", "nonesuch"], "unknown engine(s) nonesuch; known:"),
+    ],
+    ids=["header", "engine"],
+)
+def test_bad_flags_are_refused_in_one_line(simulator_url: str, flags: list[str], says: str) -> None:
     done = subprocess.run(
-        [*COMMAND, simulator_url, "--model", "m", "--header", "no-colon"],
+        [*COMMAND, simulator_url, "--model", "m", *flags],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert done.returncode != 0 and "is not NAME:VALUE" in done.stderr
+    assert done.returncode != 0
+    assert says in done.stderr and "Traceback" not in done.stderr

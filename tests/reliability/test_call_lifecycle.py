@@ -35,6 +35,7 @@ import spec_decode_otel
 from reclaimed import collect
 from spec_decode_otel import SpecDecodeInstrumentor, record_from_json
 from spec_decode_otel._logging import rate_limited
+from spec_decode_otel.adapters import registry
 from spec_decode_otel.instrumentation import finalizer
 from spec_decode_otel.instrumentation.hints import hints
 from spec_decode_otel.records import RecordsFileProcessor
@@ -483,6 +484,47 @@ def test_a_forked_child_records_its_own_calls_and_the_parent_keeps_its_stream(
         list(stream)
     assert only_span(otel).attributes[SD_OUTCOME] == "recorded"
     assert requests_by_outcome(otel) == {"recorded": 1}
+
+
+@pytest.mark.parametrize("loaded", [True, False], ids=["loaded", "loading"])
+def test_a_child_forked_while_another_thread_holds_the_adapter_registry_detects(
+    otel: Otel, simulator_url: str, openai_client: openai.OpenAI, loaded: bool
+) -> None:
+    """Detection asks the adapter registry for its adapters on every call. It took the
+    registry's lock each time, so a ``fork()`` while another thread was in there (or was
+    importing plug-ins, on the process's first call) gave the child a lock held for good,
+    and every call of the child hung at its end. Here another thread holds the lock as
+    the parent forks, with the adapters loaded or (as at the first call) still loading;
+    the child's call is recorded."""
+    with instrumented(otel):
+        openai_client.chat.completions.create(**chat(31, stream=False))
+        saved = registry._adapters
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with registry._lock:
+                held.set()
+                release.wait()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait()
+        if not loaded:
+            registry._adapters, registry._loading = None, True
+        try:
+
+            def child() -> str:
+                client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
+                client.chat.completions.create(**chat(32, stream=False))
+                client.close()
+                return str(requests_by_outcome(otel))
+
+            wait = forked(child)
+        finally:
+            registry._adapters, registry._loading = saved, False
+            release.set()
+            holder.join()
+        assert wait() == (0, "{'recorded': 2}")
 
 
 def test_a_forked_child_dropping_its_copy_of_the_parents_stream_ends_nothing(

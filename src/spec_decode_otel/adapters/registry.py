@@ -20,11 +20,13 @@ rate-limited).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
+from spec_decode_otel._fork import fork_safe_lock
 from spec_decode_otel._logging import logger, rate_limited
 from spec_decode_otel.adapters.llamacpp import LlamaCppAdapter
 from spec_decode_otel.adapters.protocol import InvalidPayload, SpecDecodeAdapter
@@ -46,11 +48,25 @@ BUILTIN_ADAPTERS: tuple[type[SpecDecodeAdapter], ...] = (
     UsageDetailsAdapter,
 )
 
-#: Reentrant: a plug-in's import runs while it is held, and may itself run detection.
+#: Held while plug-ins load. Reentrant: a plug-in's import may itself run detection.
 _lock = threading.RLock()
 _adapters: tuple[type[SpecDecodeAdapter], ...] | None = None
+#: True while ``_lock``'s holder imports plug-ins.
+_loading = False
 _failed_once: set[str] = set()
-_failed_lock = threading.Lock()  # not _lock: plug-ins fail while _lock loads them
+_failed_lock = fork_safe_lock()  # not _lock: plug-ins fail while _lock loads them
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while another thread loaded plug-ins would wait for that thread's
+    lock for good: it gets a new one, and loads the plug-ins itself."""
+    global _lock, _loading
+    _lock = threading.RLock()
+    _loading = False
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @dataclass(frozen=True)
@@ -103,14 +119,25 @@ def _load_plugins() -> list[type[SpecDecodeAdapter]]:
 
 
 def registered_adapters() -> tuple[type[SpecDecodeAdapter], ...]:
-    """The adapters detection runs, in order (plug-ins are discovered once, lazily)."""
-    global _adapters
+    """The adapters detection runs, in order (plug-ins are discovered once, lazily).
+
+    Once they are loaded, every call reads them without a lock. Other threads' first
+    calls wait for the load; a plug-in whose import runs detection (a self-check, an
+    instrumented call) re-enters on the loading thread and gets the built-ins.
+    """
+    global _adapters, _loading
+    adapters = _adapters
+    if adapters is not None:
+        return adapters
     with _lock:
         if _adapters is None:
-            # A plug-in whose import runs detection (a self-check, an instrumented call)
-            # re-enters here on this thread: it gets the built-ins, not a second load.
-            _adapters = BUILTIN_ADAPTERS
-            _adapters = BUILTIN_ADAPTERS + tuple(_load_plugins())
+            if _loading:
+                return BUILTIN_ADAPTERS
+            _loading = True
+            try:
+                _adapters = BUILTIN_ADAPTERS + tuple(_load_plugins())
+            finally:
+                _loading = False
         return _adapters
 
 

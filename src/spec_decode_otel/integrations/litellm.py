@@ -23,7 +23,8 @@ recorded by the openai wrapper, from the wire and streams included, when
 ``SpecDecodeInstrumentor`` is on; this callback then skips them (see
 :mod:`spec_decode_otel.integrations` for the mark, and for streams the response id, that
 tell). Several callbacks, or LiteLLM's sync and async success events for one call, still
-give one record.
+give one record. Each attempt of LiteLLM's Router (a retry, a fallback) is a call of its
+own, with its own span on the deployment it reached, even under one ``litellm_call_id``.
 
 The span is made when LiteLLM reports the call's end, with the call's own start and end
 times, as a child of the span that was current when the call started. LiteLLM's own
@@ -99,21 +100,51 @@ class _Started:
     sequences: int
 
 
-class _Calls:
-    """Calls started and not yet ended (by LiteLLM call id), and ids already ended.
+#: One attempt of a LiteLLM call: its call id, and when that attempt's request began.
+_Key = tuple[str, str]
 
-    Shared by every callback instance, so one call gives one record however many
+
+def _attempt(kwargs: Mapping[str, Any]) -> _Key | None:
+    """The attempt LiteLLM reports on, or None when it carries no call id.
+
+    One call id can cover several attempts: LiteLLM's Router retries and falls back with
+    one ``litellm.completion`` per attempt, and the LiteLLM proxy (or any caller passing
+    ``litellm_call_id``) gives them all the request's id. LiteLLM stamps each attempt's
+    start (``current_attempt_api_call_start_time``, before it ``api_call_start_time``)
+    in the details it hands every hook of that attempt.
+    """
+    call_id = kwargs.get("litellm_call_id")
+    if not isinstance(call_id, str):
+        return None
+    for name in ("current_attempt_api_call_start_time", "api_call_start_time"):
+        stamp = kwargs.get(name)
+        if isinstance(stamp, datetime):
+            return call_id, stamp.isoformat()
+    return call_id, ""
+
+
+class _Calls:
+    """Attempts started and not yet ended, and attempts already ended.
+
+    Shared by every callback instance, so one attempt gives one record however many
     callbacks (or LiteLLM's sync and async success events) report it. Both are bounded:
-    a call LiteLLM never reports ended (an abandoned stream) is forgotten eventually.
+    an attempt LiteLLM never reports ended (an abandoned stream) is forgotten eventually.
     """
 
     def __init__(self) -> None:
-        self._started: OrderedDict[str, _Started] = OrderedDict()
-        self._ended: OrderedDict[str, None] = OrderedDict()
+        self._started: OrderedDict[_Key, _Started] = OrderedDict()
+        self._ended: OrderedDict[_Key, None] = OrderedDict()
         self._lock = fork_safe_lock()
 
-    def start(self, call_id: str, make: Any) -> _Started:
+    def start(self, call_id: _Key, make: Any) -> _Started:
+        """The attempt's start, made now unless it already started.
+
+        A start of an attempt already ended is a new one under the same key (a LiteLLM
+        without attempt stamps): LiteLLM reports a failed attempt's end before the
+        Router starts the next one.
+        """
         with self._lock:
+            self._ended.pop(call_id, None)
             started = self._started.get(call_id)
             if started is None:
                 started = self._started[call_id] = make()
@@ -122,12 +153,12 @@ class _Calls:
                 set_open_litellm_calls(len(self._started))
             return started
 
-    def get(self, call_id: str) -> _Started | None:
+    def get(self, call_id: _Key) -> _Started | None:
         with self._lock:
             return self._started.get(call_id)
 
-    def end(self, call_id: str) -> _Started | None:
-        """The call's start, the first time it is ended; None after (or if never seen)."""
+    def end(self, call_id: _Key) -> _Started | None:
+        """The attempt's start, the first time it is ended; None after (or if never seen)."""
         with self._lock:
             if call_id in self._ended:
                 return None
@@ -225,8 +256,8 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         For a sync call LiteLLM runs this in the caller's thread, where any openai SDK
         request of the call is made too (even a stream's, made when it is first read).
         """
-        call_id = kwargs.get("litellm_call_id")
-        if not self._enabled or not isinstance(call_id, str) or not is_instrumentation_enabled():
+        call_id = _attempt(kwargs)
+        if not self._enabled or call_id is None or not is_instrumentation_enabled():
             return  # a call inside suppress_instrumentation() is never started, so never ends
         if kwargs.get("call_type") not in OPERATIONS:
             return
@@ -257,8 +288,8 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         it starts a text completion in a worker thread (where the call's mark is set),
         sends it from the request's task, and reports its end from a context that saw
         neither."""
-        call_id = kwargs.get("litellm_call_id")
-        started = _calls.get(call_id) if isinstance(call_id, str) else None
+        call_id = _attempt(kwargs)
+        started = None if call_id is None else _calls.get(call_id)
         if started is None:
             return
         original = kwargs.get("original_response")
@@ -286,9 +317,9 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         try:
             if not self._enabled or not isinstance(kwargs, Mapping):
                 return
-            call_id = kwargs.get("litellm_call_id")
+            call_id = _attempt(kwargs)
             operation = OPERATIONS.get(kwargs.get("call_type"))  # type: ignore[arg-type]
-            if not isinstance(call_id, str) or operation is None or kwargs.get("cache_hit") is True:
+            if call_id is None or operation is None or kwargs.get("cache_hit") is True:
                 return
             started = _calls.end(call_id)
             if started is None:

@@ -5,15 +5,12 @@ thread held at that moment stays held in the child for good, and the child's fir
 that needs it waits forever (multiprocessing's default start method on Linux, gunicorn,
 Celery, in a process whose other threads are ending calls).
 
-Most of these locks guard a few dictionary or set operations, which a child may inherit
-half-way without harm, so the child simply gets them unlocked. They are not taken around
-the fork, as the standard library's ``logging`` takes its handlers' locks: under gevent,
-other greenlets run in the child before the after-fork hooks have all run (a hook that
-starts a thread waits on the hub), and one of them would find a lock the fork took still
+These locks guard a few dictionary or set operations, or one ``write`` of a records
+line, which a child may inherit half-way without harm, so the child simply gets them
+unlocked. They are not taken around the fork, as the standard library's ``logging``
+takes its handlers' locks: under gevent, other greenlets run in the child before the
+after-fork hooks have all run, and one of them would find a lock the fork took still
 held, blocking the child's only OS thread for good.
-
-The records file's lock is the exception: a line being written at the fork holds the
-file's own buffer lock too, which no hook can release, so the fork waits for the line.
 """
 
 from __future__ import annotations
@@ -32,15 +29,4 @@ def fork_safe_lock() -> threading.Lock:
                 lock.release()
 
         os.register_at_fork(after_in_child=unlock_in_child)
-    return lock
-
-
-def fork_waiting_lock() -> threading.Lock:
-    """A new lock that ``fork()`` takes before it forks and releases after: the fork
-    waits for whatever holds it."""
-    lock = threading.Lock()
-    if hasattr(os, "register_at_fork"):  # POSIX
-        os.register_at_fork(
-            before=lock.acquire, after_in_parent=lock.release, after_in_child=lock.release
-        )
     return lock

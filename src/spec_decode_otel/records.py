@@ -26,26 +26,32 @@ from typing import TextIO
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
-from spec_decode_otel._fork import fork_waiting_lock
+from spec_decode_otel._fork import fork_safe_lock
 from spec_decode_otel._logging import rate_limited
 from spec_decode_otel.summary import row_for_span
 
 
 class RecordsFileProcessor(SpanProcessor):
     """Appends one JSON line per instrumented call to ``target``: a path (opened for
-    appending, closed on shutdown) or an open text stream (left open)."""
+    appending, closed on shutdown) or an open text stream (left open).
+
+    Each line goes to the file descriptor in one ``write``, bypassing any buffer, when
+    there is a descriptor (a path, or a stream with a ``fileno()``, flushed once first):
+    a buffer's own lock, held by a thread that was writing when another forked, would
+    block the forked child's first line for good, and no after-fork hook can release
+    it. Processes forked from one another also append whole lines to a path this way. A
+    stream without a descriptor (``io.StringIO``) is written and flushed as a stream.
+    """
 
     def __init__(self, target: str | os.PathLike[str] | TextIO) -> None:
+        self._stream: TextIO | None = None
         if isinstance(target, (str, os.PathLike)):
-            self._file: TextIO = open(target, "a", encoding="utf-8")  # noqa: SIM115
-            self._owned = True
+            self._fd: int | None = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         else:
-            self._file = target
-            self._owned = False
-        # A fork waits for the line being written: a child forked in the middle of one
-        # would wait forever for the file's own buffer lock. (Under gevent, a child's
-        # greenlet that ends a span before the after-fork hooks have run waits too.)
-        self._lock = fork_waiting_lock()
+            self._stream = target
+            self._fd = _descriptor(target)
+        self._closed = False
+        self._lock = fork_safe_lock()
 
     def on_end(self, span: ReadableSpan) -> None:
         context = span.context
@@ -56,31 +62,46 @@ class RecordsFileProcessor(SpanProcessor):
         )
         if row is None:
             return
-        line = json.dumps(row) + "\n"
-        with self._lock:
-            if self._file.closed:
-                return
-            try:
-                self._file.write(line)
-                # On disk now: a server is read while it runs, and may end without
-                # running atexit (uvicorn re-raises SIGTERM), so nothing may wait in
-                # the buffer.
-                self._file.flush()
-            except (OSError, ValueError):  # a full disk must not fail the caller's span.end()
-                rate_limited.log(
-                    logging.WARNING, "records-file", "could not write a record line", exc_info=True
-                )
+        line = json.dumps(row) + "\n"  # ASCII: any text encoding reads it
+        try:
+            with self._lock:
+                if self._closed or (self._stream is not None and self._stream.closed):
+                    return
+                if self._fd is not None:
+                    _write_all(self._fd, line.encode("ascii"))
+                elif self._stream is not None:
+                    self._stream.write(line)
+                    # On disk now: a server is read while it runs, and may end without
+                    # running atexit (uvicorn re-raises SIGTERM).
+                    self._stream.flush()
+        except (OSError, ValueError):  # a full disk must not fail the caller's span.end()
+            # Logged without the lock: a handler may block (under gevent, switch).
+            rate_limited.log(
+                logging.WARNING, "records-file", "could not write a record line", exc_info=True
+            )
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        with self._lock:
-            if not self._file.closed:
-                self._file.flush()
-        return True
+        return True  # every line is written as its span ends
 
     def shutdown(self) -> None:
         with self._lock:
-            if self._file.closed:
+            if self._closed:
                 return
-            self._file.flush()
-            if self._owned:
-                self._file.close()
+            self._closed = True
+            if self._stream is None and self._fd is not None:
+                os.close(self._fd)
+
+
+def _descriptor(stream: TextIO) -> int | None:
+    """The stream's file descriptor, its buffer flushed, or None when it has none."""
+    try:
+        fd = stream.fileno()
+        stream.flush()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return None
+    return fd
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]

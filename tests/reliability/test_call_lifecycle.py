@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -571,13 +572,18 @@ from spec_decode_otel import SpecDecodeInstrumentor
 spans = InMemorySpanExporter()
 tracer_provider = TracerProvider()
 tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+from spec_decode_otel.records import RecordsFileProcessor
+tracer_provider.add_span_processor(RecordsFileProcessor(sys.argv[3]))
 SpecDecodeInstrumentor().instrument(
     tracer_provider=tracer_provider, meter_provider=MeterProvider()
 )
 if sys.argv[2] == "after":
     from gevent import monkey
     monkey.patch_all()
-import gevent, openai
+import gevent, openai, platform
+# The SDK's first request runs platform.uname(), which forks under gevent; gevent's own
+# fork handling hangs now and then without any instrumentation, so fork here, first.
+platform.platform()
 client = openai.OpenAI(base_url=sys.argv[1], api_key="x", max_retries=0)
 def work(seed):
     headers = {"x-spec-decode-engine": "vllm", "x-sim-seed": str(seed)}
@@ -589,7 +595,7 @@ def work(seed):
     del stream
     gc.collect()
     client.chat.completions.create(model="spec-sim", messages=messages, extra_headers=headers)
-workers = [gevent.spawn(work, seed) for seed in range(4)]
+workers = [gevent.spawn(work, seed) for seed in range(8)]
 gevent.joinall(workers, timeout=20)
 gevent.sleep(0.5)
 print(sum(w.successful() for w in workers),
@@ -599,31 +605,39 @@ print(sum(w.successful() for w in workers),
 
 @pytest.mark.parametrize("patched", ["first", "after"])
 def test_a_gevent_app_keeps_running_when_a_stream_is_dropped(
-    simulator_url: str, patched: str
+    simulator_url: str, patched: str, tmp_path: Path
 ) -> None:
     """gevent (26.9) monkey-patched first, as gevent asks, or after the instrumentation
     was imported, as under ``opentelemetry-instrument`` with a gunicorn gevent worker,
-    whose patching runs after the instrumentors load. Patched after, two hangs, each
-    fatal alone. The finalizer's queue was made
-    at import, a C ``SimpleQueue``, and its thread at the first dropped stream, by then a
-    greenlet: waiting on the C queue it blocked the only OS thread (faulthandler's dump
-    showed it in ``finalizer._run``). And the ``openai`` SDK's first requests run
-    ``platform.uname()``, which forks under gevent: our locks, taken around the fork,
-    were still held in the child when gevent ran the other greenlets there, before the
-    after-fork hooks; one of them waited on a lock (py-spy: ``SpecDecodeInstruments.bound``)
-    and the child never exec'd, so its parent greenlet waited for good (1 of 4 finished).
-    Four greenlets each drop a stream and make one more call: all finish, and every
-    call's span is ended."""
+    whose patching runs after the instrumentors load. Patched after, the finalizer's
+    queue was made at import, a C ``SimpleQueue``, and its thread at the first dropped
+    stream, by then a greenlet: waiting on the C queue it blocked the only OS thread, for
+    good (faulthandler's dump showed it in ``finalizer._run``). Patched either way, the
+    finalizer held its lock while its thread started, which under gevent switches to
+    other greenlets, one of which could wait for that lock (1 run in 6 hung). Eight
+    greenlets each drop a stream and make one more call: all finish, every call's span is
+    ended, and each has its records line.
+
+    Forks are kept out: gevent's own fork handling hangs now and then with no
+    instrumentation at all (3 runs in 15 of this app without it, forking in
+    ``platform.uname()``). That our locks no longer hang a forked gevent child (they were
+    held across the fork, and gevent runs other greenlets in the child before the
+    after-fork hooks release them) was checked by hand with those ``platform.uname()``
+    forks: before, every run hung (one greenlet of four finished); after, none did but
+    for gevent's own occasional hang."""
+    records = tmp_path / "records.jsonl"
     done = subprocess.run(
-        [sys.executable, "-c", GEVENT_APP, simulator_url, patched],
+        [sys.executable, "-c", GEVENT_APP, simulator_url, patched, str(records)],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    assert sorted(row["outcome"] for row in rows) == ["not_read_to_end"] * 8 + ["recorded"] * 8
     assert done.stdout.split(maxsplit=1) == [
-        "4",
-        str(["not_read_to_end"] * 4 + ["recorded"] * 4) + "\n",
+        "8",
+        str(["not_read_to_end"] * 8 + ["recorded"] * 8) + "\n",
     ]
 
 

@@ -36,18 +36,23 @@ _lock = threading.Lock()
 
 def start() -> None:
     """Make sure the queue and its thread exist: called where a proxy is made, never
-    from ``__del__``. A forked child makes its own, on its first proxy."""
+    from ``__del__``. A forked child makes its own, on its first proxy.
+
+    The thread is started after the lock is released: under gevent ``Thread.start()``
+    waits on the hub, which runs other greenlets, and one of them here would wait for
+    a lock held across that switch, blocking the only OS thread.
+    """
     global _pending, _worker
-    if _worker is not None and _worker.is_alive():
+    if _worker is not None:
         return
     with _lock:
-        if _worker is None or not _worker.is_alive():
-            pending = _pending if _pending is not None else queue.SimpleQueue()
-            _worker = threading.Thread(
-                target=_run, args=(pending,), name="spec-decode-otel-finalizer", daemon=True
-            )
-            _worker.start()
-            _pending = pending
+        if _worker is not None:
+            return
+        _pending = queue.SimpleQueue()
+        worker = _worker = threading.Thread(
+            target=_run, args=(_pending,), name="spec-decode-otel-finalizer", daemon=True
+        )
+    worker.start()
 
 
 def _after_fork_in_child() -> None:

@@ -10,9 +10,9 @@ spec_decode_otel`` does not import this module::
     tracer_provider.add_span_processor(RecordsFileProcessor("records.jsonl"))
     # or: spec_decode_otel.setup(span_processors=[RecordsFileProcessor("records.jsonl")])
 
-A line is written and flushed when the call's span ends, so the file is complete at any
-moment, also for a server that is read while it runs or stopped without an atexit flush;
-``force_flush`` flushes it and ``shutdown`` closes a file the processor opened. The SDK
+A line is written when the call's span ends, past any buffer, so the file is complete at
+any moment, also for a server that is read while it runs or stopped without an atexit
+flush (``force_flush`` has nothing to do); ``shutdown`` closes a file the processor opened. The SDK
 hands its processors every span that records, sampled or not; a call whose span the
 sampler drops gets no line (the metrics still count it).
 """

@@ -43,6 +43,7 @@ TESTS=(
   tests/integration/test_instrumentation_engines.py
   tests/integration/test_outcomes.py
   tests/integration/test_raw_stream_reads.py
+  tests/integration/test_check_cli.py
 )
 # Tests of SDK surface newer than the oldest declared openai (they run in the other venvs).
 # A test that needs a newer API than the floor goes here, with the reason.

@@ -124,6 +124,9 @@ def run(args: argparse.Namespace) -> int:
     logger.removeHandler(hints)
     for message in hints.messages:
         print(f"\nhint: {message}")
+    if all(outcome == Outcome.ERROR.value for outcome in outcomes):
+        print("\nNo call succeeded: check the URL, the model and the key (--header for a gateway).")
+        return 1
     if not WITH_RECORD.intersection(outcomes):
         print(
             "\nNo response carried spec-decode stats. To get them, "
@@ -153,7 +156,8 @@ def _request(client: Any, args: argparse.Namespace, extra: Mapping[str, Any]) ->
                 pass
     except openai.APIStatusError as exc:
         return f"HTTP {exc.status_code}: {str(exc.message)[:MAX_ERROR_CHARS]}"
-    except openai.APIError as exc:
+    except Exception as exc:  # whatever the server does (older SDKs raise a cut stream's
+        # transport error as it is), the command reports it rather than a traceback
         return f"{type(exc).__name__}: {str(exc)[:MAX_ERROR_CHARS]}"
     return None
 

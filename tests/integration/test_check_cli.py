@@ -103,9 +103,20 @@ def test_check_on_a_server_without_stats_says_how_to_turn_them_on_and_fails(
 def test_check_reports_a_failing_server_without_a_traceback(simulator_url: str) -> None:
     """The server answers HTTP 500 (the simulator's ``http-500`` fault): each call's line
     says so, and the command exits 1, as when nothing has stats."""
-    status, lines, _ = check(simulator_url, "--header", "x-sim-fault: http-500")
+    status, lines, out = check(simulator_url, "--header", "x-sim-fault: http-500")
     for probe in PROBES:
         assert re.fullmatch(r"error\s+HTTP 500: .+", lines[probe]), lines[probe]
+    assert "No call succeeded" in out and TURN_STATS_ON not in " ".join(out.split())
+    assert status == 1
+
+
+def test_check_reports_a_connection_the_server_cuts_without_a_traceback(
+    simulator_url: str,
+) -> None:
+    """The server drops the connection part-way through each body (``drop-mid-stream``):
+    each call is an error with the transport's complaint, never a traceback."""
+    status, lines, _ = check(simulator_url, "--header", "x-sim-fault: drop-mid-stream")
+    assert all(lines[p].startswith("error") for p in PROBES), lines
     assert status == 1
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +46,8 @@ from harness import (
 from llama_server import M_ACCEPTED_TOKENS as SERVER_ACCEPTED
 from llama_server import M_DRAFT_TOKENS as SERVER_DRAFTED
 from llama_server import LlamaInstall, LlamaServer
+
+from check_command import PROBES, run_check
 
 pytestmark = pytest.mark.engine
 
@@ -496,19 +497,13 @@ def test_check_reads_the_real_server_with_and_without_drafting(llama_server: Any
     call has stats, and it exits 1 naming llama.cpp's switch."""
     for spec, status, outcome in ((True, 0, "partial"), (False, 1, "no_stats")):
         server = llama_server("identical", spec=spec)
-        command = (sys.executable, "-m", "spec_decode_otel", "check", server.base_url)
-        done = subprocess.run(
-            [*command, "--model", "tiny-target", "--max-tokens", str(MAX_TOKENS)],
-            capture_output=True,
-            text=True,
-            timeout=300,
+        exit_status, lines, out = run_check(
+            server.base_url, "--model", "tiny-target", "--max-tokens", str(MAX_TOKENS)
         )
-        assert done.returncode == status, done.stdout + done.stderr
-        for probe in ("chat", "stream", "stream + include_usage"):
-            line = re.search(rf"^  {re.escape(probe)}\s+(\S.*)$", done.stdout, re.M)
-            assert line, done.stdout
-            assert line.group(1).split()[0] == outcome
+        assert exit_status == status, out
+        for probe in PROBES:
+            assert lines[probe].split()[0] == outcome
             if spec:
-                assert "engine llamacpp  acceptance rate" in line.group(1)
+                assert "engine llamacpp  acceptance rate" in lines[probe]
         if not spec:
-            assert "llama.cpp --spec-type with -md" in done.stdout
+            assert "llama.cpp --spec-type with -md" in out

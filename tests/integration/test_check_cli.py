@@ -12,34 +12,18 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 
 import openai
 import pytest
 from instrumentation_helpers import Otel
 
 import spec_decode_otel
+from check_command import COMMAND, PROBES, run_check
 from spec_decode_otel.instrumentation.hints import TURN_STATS_ON, hints
-
-PROBES = ("chat", "stream", "stream + include_usage")
-COMMAND = (sys.executable, "-m", "spec_decode_otel", "check")
 
 
 def check(simulator_url: str, *args: str) -> tuple[int, dict[str, str], str]:
-    """Run the command: exit status, each probe's line after its label, the whole output."""
-    done = subprocess.run(
-        [*COMMAND, simulator_url, "--model", "spec-sim", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert "Traceback" not in done.stderr, done.stderr
-    lines = {}
-    for label in PROBES:
-        found = re.search(rf"^  {re.escape(label)}\s+(\S.*)$", done.stdout, re.M)
-        assert found, done.stdout
-        lines[label] = found.group(1)
-    return done.returncode, lines, done.stdout
+    return run_check(simulator_url, "--model", "spec-sim", *args)
 
 
 def outcomes_in_an_application(simulator_url: str, engine: str) -> list[str]:

@@ -84,7 +84,7 @@ def _parse(path: str, request_path: str | None) -> int:
     if request_path is not None:
         try:
             request = json.loads(_read(request_path))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
             return _error("parse", f"cannot read {request_path}: {exc}")
         if not isinstance(request, Mapping):
             return _error("parse", f"{request_path} is not a JSON object")

@@ -15,6 +15,8 @@ and a real HTTP server on loopback (``loopback.py``) or the simulator subprocess
 - Misuse is loud: instrument() again with other settings, setup() twice, an unknown
   engine in ``request_engine_stats``.
 - Metric attributes with unknown values are left out, never sent as ``""``.
+- A body or SSE event read raw that is not JSON (a gateway's page, or nested too deep
+  for ``json``) gives a debug log and no record, not an internal-error warning.
 
 A stream stopped early (status unset, ``spec_decode.read_to_end=false``) is covered by
 tests/integration/test_instrumentation_streams.py for every way out.
@@ -23,6 +25,7 @@ tests/integration/test_instrumentation_streams.py for every way out.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -42,6 +45,8 @@ from opentelemetry.trace import StatusCode
 from reliability_helpers import API_KEY, Otel, instrumented
 
 from spec_decode_otel import SpecDecodeInstrumentor, instrument_client
+from spec_decode_otel._logging import RateLimitedLog
+from spec_decode_otel.instrumentation import responses
 from spec_decode_otel.instrumentation.call import MAX_SERVER_TEXT
 from spec_decode_otel.record import MAX_SPEC_TOKENS
 from spec_decode_otel.telemetry import (
@@ -320,6 +325,78 @@ def test_the_library_is_silent_unless_logging_is_configured(server: LoopbackServ
     assert "internal error in start" in warned[1]
     assert "later internal errors are logged at DEBUG" in warned[1]
     assert any(line.startswith("DEBUG") and "internal error in start" in line for line in ours)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"<html>a gateway's error page</html>", b"[" * 100_000 + b"]" * 100_000],
+    ids=["not-json", "too-deep"],
+)
+def test_a_raw_response_body_that_is_not_json_gets_a_debug_log_and_no_record(
+    body: bytes,
+    server: LoopbackServer,
+    otel: Otel,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``with_raw_response`` decodes its own copy of the body when the call returns. A
+    200 body that is not JSON (a gateway's page), or nested too deep for ``json`` (which
+    raises RecursionError, not ValueError), was reported as an internal error of ours: a
+    WARNING with a traceback. Bad input from a server gets a debug log and no record, and
+    the user's ``parse()`` fails as it does without instrumentation."""
+    monkeypatch.setattr(responses, "rate_limited", RateLimitedLog())  # no earlier test's
+    server.reply(body)
+    client = client_for(server)
+
+    def parse_error() -> type[BaseException]:
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
+        with pytest.raises(Exception) as caught:
+            raw.parse()
+        return type(caught.value)
+
+    try:
+        bare = parse_error()
+        with caplog.at_level(logging.DEBUG, logger="spec_decode_otel"), instrumented(otel):
+            assert parse_error() is bare
+    finally:
+        client.close()
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("spec_decode_otel")]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], ours
+    assert not [m for m in ours if "internal error" in m], ours
+    assert [m for m in ours if "body read raw is not JSON" in m], ours
+    (span,) = otel.spans()
+    assert span.attributes[SD_OUTCOME] == "no_stats"
+
+
+def test_a_raw_stream_event_nested_too_deep_gets_a_debug_log_and_no_record(
+    server: LoopbackServer,
+    otel: Otel,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same for an SSE event that ``with_streaming_response`` reads raw: ``json``'s
+    RecursionError was an internal error of ours. The user's lines are the server's."""
+    monkeypatch.setattr(responses, "rate_limited", RateLimitedLog())
+    server.reply(b"data: " + b"[" * 100_000 + b"]" * 100_000 + b"\n\ndata: [DONE]\n\n")
+    client = client_for(server)
+
+    def lines() -> list[str]:
+        kwargs: Any = {"model": "m", "messages": MESSAGES, "stream": True}
+        with client.chat.completions.with_streaming_response.create(**kwargs) as response:
+            return list(response.iter_lines())
+
+    try:
+        bare = lines()
+        with caplog.at_level(logging.DEBUG, logger="spec_decode_otel"), instrumented(otel):
+            assert lines() == bare
+    finally:
+        client.close()
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("spec_decode_otel")]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], ours
+    assert not [m for m in ours if "internal error" in m], ours
+    assert [m for m in ours if "SSE event read raw is not JSON" in m], ours
+    (span,) = otel.spans()
+    assert span.attributes[SD_OUTCOME] == "no_stats"
 
 
 # --------------------------------------------------------------------------- misuse

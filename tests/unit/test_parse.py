@@ -183,6 +183,23 @@ def test_parse_command_unreadable_input_is_one_line_on_stderr_and_exit_2(
     assert err.startswith("spec-decode-otel parse: cannot read")
 
 
+@pytest.mark.parametrize(
+    "data",
+    [b"{", b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe"],
+    ids=["not-json", "too-deep", "not-utf8"],
+)
+def test_parse_command_unreadable_request_file_is_one_line_on_stderr_and_exit_2(
+    capsys, tmp_path, data
+):
+    """Too deep, ``json`` raises RecursionError, not ValueError: that was a traceback."""
+    body = str(PAYLOADS / "vllm_premerge_body.json")
+    assert cli_main(["parse", body, "--request", _write(tmp_path, data)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("spec-decode-otel parse: cannot read")
+
+
 def test_parse_command_empty_stdin_is_exit_2(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
     assert cli_main(["parse", "-"]) == 2

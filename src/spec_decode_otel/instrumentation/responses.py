@@ -48,7 +48,7 @@ def wrap_result(call: Call, result: Any, hide_usage: bool) -> Any:
             if not getattr(result, "_stream", False):
                 # with_raw_response: the body is already read; decode our own copy so the
                 # user's later .parse() is untouched.
-                call.finish_dict(json.loads(result.http_response.content))
+                call.finish_dict(_json_body(result.http_response.content))
                 return result
             return SyncRawResponseProxy(result, call, hide_usage)
         if isinstance(result, AsyncAPIResponse):
@@ -155,19 +155,10 @@ class RawBody:
             text = "".join(self.body)
             self.body.clear()
             if self.body_chars > MAX_EVENT_CHARS:
-                _debug(
-                    "raw.body",
-                    "a body read raw of over %d characters was not decoded",
-                    MAX_EVENT_CHARS,
-                )
                 self.call.finish_empty()
+                _debug_over_bound()
                 return
-            try:
-                body = json.loads(text)
-            except ValueError:
-                _debug("raw.json", "a body read raw is not JSON (%d characters)", len(text))
-                body = None
-            self.call.finish_dict(body)
+            self.call.finish_dict(_json_body(text))
         except Exception:
             report_internal_error("raw.end")
             self.call.finish_empty()
@@ -200,7 +191,7 @@ class RawBody:
             return
         try:
             payload = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             _debug("raw.event", "an SSE event read raw is not JSON (%d characters)", len(data))
             return
         if not isinstance(payload, Mapping):
@@ -223,6 +214,24 @@ class RawBody:
 
 def _debug(key: str, msg: str, *args: object) -> None:
     rate_limited.log(logging.DEBUG, key, "spec_decode_otel: " + msg, *args)
+
+
+def _debug_over_bound() -> None:
+    _debug("raw.body", "a body read raw of over %d characters was not decoded", MAX_EVENT_CHARS)
+
+
+def _json_body(body: str | bytes) -> Any:
+    """A whole response body, decoded; None when it is not JSON (nested too deep for the
+    decoder included) or over ``MAX_EVENT_CHARS``: a server's bad body gives a debug log
+    and no record, never an internal-error warning."""
+    if len(body) > MAX_EVENT_CHARS:
+        _debug_over_bound()
+        return None
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        _debug("raw.json", "a body read raw is not JSON (%d characters)", len(body))
+        return None
 
 
 class _RawResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from wrapt 2

@@ -486,7 +486,7 @@ def _kept_body(kwargs: Mapping[str, Any], response: Any) -> Mapping[str, Any] | 
     if isinstance(original, str):
         try:
             body = json.loads(original)
-        except ValueError:
+        except (ValueError, RecursionError):
             body = None
         if isinstance(body, Mapping) and isinstance(body.get("choices"), list):
             return body

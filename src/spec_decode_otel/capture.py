@@ -102,7 +102,7 @@ class ParsedResponse:
             # A Responses stream event carrying the response: both roots count.
             root = {**(getattr(inner, "model_extra", None) or _EMPTY), **root}
             return cls(root, (), _usage_view(getattr(inner, "usage", None)), 0, request)
-        raw_choices = getattr(obj, "choices", None) or ()
+        raw_choices = sdk_choices(obj)
         choices = tuple(_choice_view(c) for c in raw_choices[:MAX_CHOICES])
         return cls(
             root,
@@ -111,6 +111,14 @@ class ParsedResponse:
             _choice_count(choices, len(raw_choices)),
             request,
         )
+
+
+def sdk_choices(obj: Any) -> list[Any]:
+    """An SDK object's ``choices``; [] when the server sent something else than a list
+    there. The SDK builds its objects from the server's JSON without validating it, so
+    any field, and any choice in the list, can hold whatever JSON the server sent."""
+    choices = getattr(obj, "choices", None)
+    return choices if isinstance(choices, list) else []
 
 
 def _choice_count(choices: tuple[Mapping[str, Any], ...], total: int) -> int:
@@ -136,7 +144,9 @@ def _dict_choice_view(choice: Any) -> Mapping[str, Any]:
 
 
 def _choice_view(choice: Any) -> Mapping[str, Any]:
-    extra = getattr(choice, "model_extra", None)
+    if not hasattr(choice, "model_extra"):
+        return _EMPTY  # not an object in the JSON: no choice fields at all
+    extra = choice.model_extra
     view = dict(extra) if extra else {}
     view["index"] = getattr(choice, "index", 0)
     view["finish_reason"] = getattr(choice, "finish_reason", None)

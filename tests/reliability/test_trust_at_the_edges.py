@@ -15,6 +15,8 @@ and a real HTTP server on loopback (``loopback.py``) or the simulator subprocess
 - Misuse is loud: instrument() again with other settings, setup() twice, an unknown
   engine in ``request_engine_stats``.
 - Metric attributes with unknown values are left out, never sent as ``""``.
+- Choices that are not a list of objects (the SDK never checks them) give no record and
+  no internal error.
 - A body or SSE event read raw that is not JSON (a gateway's page, or nested too deep
   for ``json``) gives a debug log and no record, not an internal-error warning.
 
@@ -397,6 +399,51 @@ def test_a_raw_stream_event_nested_too_deep_gets_a_debug_log_and_no_record(
     assert [m for m in ours if "SSE event read raw is not JSON" in m], ours
     (span,) = otel.spans()
     assert span.attributes[SD_OUTCOME] == "no_stats"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["body", "stream"])
+@pytest.mark.parametrize(
+    "choices",
+    [5, {"index": 0}, "abc", [5], [None], ["x"]],
+    ids=["int", "object", "string", "list-of-int", "list-of-null", "list-of-string"],
+)
+def test_choices_the_sdk_never_checked_give_no_record_and_no_internal_error(
+    choices: Any,
+    stream: bool,
+    server: LoopbackServer,
+    otel: Otel,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The ``openai`` SDK (3.60) builds its objects from the server's JSON without
+    validating it, so ``choices`` reaches us as whatever the server sent. An int or an
+    object there, or a choice that is not an object, was an internal error of ours
+    (TypeError, AttributeError): a WARNING with a traceback, and for a body the call's
+    end was cut short, so the call was counted under no outcome at all. Now the user
+    sees what they see without us, and the call is counted once, as ``no_stats``."""
+    root = {"id": "c", "created": 1, "model": "m", "choices": choices}
+    if stream:
+        server.reply(f"data: {json.dumps(root | {'object': 'chat.completion.chunk'})}\n\n".encode())
+    else:
+        server.reply(json.dumps(root | {"object": "chat.completion"}).encode())
+    client = client_for(server)
+
+    def seen() -> list[Any]:
+        if stream:
+            chunks = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+            return [chunk.choices for chunk in chunks]
+        return [client.chat.completions.create(model="m", messages=MESSAGES).choices]
+
+    try:
+        bare = seen()
+        with caplog.at_level(logging.DEBUG, logger="spec_decode_otel"), instrumented(otel):
+            assert seen() == bare
+    finally:
+        client.close()
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("spec_decode_otel")]
+    assert not [m for m in ours if "internal error" in m], ours
+    (span,) = otel.spans()
+    assert span.attributes[SD_OUTCOME] == "no_stats"
+    assert {p.attributes[SD_OUTCOME]: p.value for p in otel.points(M_REQUESTS)} == {"no_stats": 1}
 
 
 # --------------------------------------------------------------------------- misuse

@@ -21,7 +21,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from spec_decode_otel._logging import report_internal_error
 from spec_decode_otel.adapters.registry import Detection, detect_outcome
-from spec_decode_otel.capture import ParsedResponse
+from spec_decode_otel.capture import ParsedResponse, sdk_choices
 from spec_decode_otel.instrumentation.genai_metrics import GenAiMetrics
 from spec_decode_otel.instrumentation.hints import hints
 from spec_decode_otel.outcome import Outcome
@@ -319,9 +319,9 @@ RESPONSES_FINISH_REASONS: Mapping[str, str] = {
 
 def _finish_reasons(obj: Any) -> list[Any]:
     """Each choice's finish reason; for a Responses API ``Response``, its status's."""
-    choices = getattr(obj, "choices", None)
-    if choices is not None:
-        return [getattr(c, "finish_reason", None) for c in choices[:MAX_FINISH_REASONS]]
+    if hasattr(obj, "choices"):
+        choices = sdk_choices(obj)[:MAX_FINISH_REASONS]
+        return [getattr(c, "finish_reason", None) for c in choices]
     reason = RESPONSES_FINISH_REASONS.get(getattr(obj, "status", None) or "")
     return [reason] if reason is not None else []
 

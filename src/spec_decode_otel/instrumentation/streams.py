@@ -27,6 +27,7 @@ from typing import Any
 import wrapt
 
 from spec_decode_otel._logging import report_internal_error
+from spec_decode_otel.capture import sdk_choices
 from spec_decode_otel.instrumentation import finalizer
 from spec_decode_otel.instrumentation.call import MAX_FINISH_REASONS, RESPONSES_FINISH_REASONS, Call
 from spec_decode_otel.integrations import note_openai_stream
@@ -65,11 +66,15 @@ class StreamObserver:
                 self._first(getattr(chunk, "model", None), getattr(chunk, "id", None))
             if not hasattr(chunk, "choices"):
                 return self._observe_event(chunk)
-            choices = chunk.choices or ()
+            choices = sdk_choices(chunk)
             keep = bool(chunk.model_extra) or chunk.usage is not None
             self.multi = self.multi or len(choices) > 1
             for choice in choices[:MAX_CHOICES]:
-                if self._note_choice(choice.index, bool(choice.model_extra), choice.finish_reason):
+                if hasattr(choice, "model_extra") and self._note_choice(  # an object
+                    getattr(choice, "index", None),
+                    bool(getattr(choice, "model_extra", None)),
+                    getattr(choice, "finish_reason", None),
+                ):
                     keep = True
             if keep:
                 self.kept.append(chunk)
@@ -121,7 +126,7 @@ class StreamObserver:
             model = getattr(response, "model", None)
             self.model = model if isinstance(model, str) else None
         kind = getattr(event, "type", None)
-        if event.model_extra or kind in RESPONSES_TERMINAL_EVENTS:
+        if getattr(event, "model_extra", None) or kind in RESPONSES_TERMINAL_EVENTS:
             self.kept.append(event)
         self._note_event(kind, getattr(response, "status", None))
         return True

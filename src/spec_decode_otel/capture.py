@@ -113,12 +113,13 @@ class ParsedResponse:
         )
 
 
-def sdk_choices(obj: Any) -> list[Any]:
-    """An SDK object's ``choices``; [] when the server sent something else than a list
-    there. The SDK builds its objects from the server's JSON without validating it, so
-    any field, and any choice in the list, can hold whatever JSON the server sent."""
+def sdk_choices(obj: Any) -> Sequence[Any]:
+    """An SDK object's ``choices`` (or a LiteLLM response's, as seen by the LiteLLM
+    callback); () when the server sent something else than a list there. The SDK builds
+    its objects from the server's JSON without validating it, so any field, and any
+    choice in the list, can hold whatever JSON the server sent."""
     choices = getattr(obj, "choices", None)
-    return choices if isinstance(choices, list) else []
+    return choices if isinstance(choices, (list, tuple)) else ()
 
 
 def _choice_count(choices: tuple[Mapping[str, Any], ...], total: int) -> int:

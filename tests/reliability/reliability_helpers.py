@@ -7,13 +7,16 @@
   providers, undone on exit (a fresh pair per use, so no instrument outlives its test);
 - ``mock_client`` / ``async_mock_client``: real ``openai`` clients over an in-process
   ``httpx2.MockTransport`` (the SDK's own transport type; nothing of the SDK is replaced);
-- ``canary()``: a prompt the privacy scan recognises if it ever shows up in telemetry.
+- ``canary()``: a prompt the privacy scan recognises if it ever shows up in telemetry;
+- ``internal_errors()``: every internal error the library reports inside the block.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,6 +31,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import spec_decode_otel
+from spec_decode_otel import _logging
 from spec_decode_otel.instrumentation import SpecDecodeInstrumentor
 from spec_decode_otel.telemetry import SCOPE_NAME
 
@@ -42,6 +46,37 @@ def canary() -> str:
 
 def canary_messages() -> list[dict[str, str]]:
     return [{"role": "user", "content": canary()}]
+
+
+class _InternalErrors(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "internal error" in message:
+            self.messages.append(f"{message}: {record.exc_info and record.exc_info[1]!r}")
+
+
+@contextlib.contextmanager
+def internal_errors() -> Iterator[list[str]]:
+    """Every internal error the library reports inside the block, as it reports them:
+    the first of the process as a WARNING, the later ones at DEBUG, here with no rate
+    limit so none is missed. What a server sends must never cause one: bad input gets
+    a debug log of its own and no record."""
+    logger = logging.getLogger("spec_decode_otel")
+    handler = _InternalErrors()
+    saved_level, saved_limit = logger.level, _logging.rate_limited
+    _logging.rate_limited = _logging.RateLimitedLog(interval=0.0)
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved_level)
+        _logging.rate_limited = saved_limit
 
 
 class SpanCounter(SpanProcessor):
@@ -63,6 +98,14 @@ class SpanCounter(SpanProcessor):
     @property
     def open(self) -> int:
         return self.started - self.ended
+
+    def open_after(self, seconds: float) -> int:
+        """Spans still open once ``seconds`` have passed with some open: a stream the
+        user dropped is ended on the finalizer's thread, a moment after its proxy goes."""
+        deadline = time.monotonic() + seconds
+        while self.open and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.open
 
 
 @dataclass

@@ -478,7 +478,8 @@ def _outcome(
     call: Callable[[], Any], stream: bool, read: list[Any] | None = None
 ) -> tuple[str, Any]:
     """What the user sees; ``read`` collects the stream chunks the user got before any
-    exception (the user's own code raising on one, e.g. a ``null`` chunk, included)."""
+    exception (the user's own code raising on one, e.g. a ``null`` chunk, included).
+    ``stream``: the call returns the SDK's stream, which the user iterates."""
     try:
         result = call()
         if stream:
@@ -488,9 +489,12 @@ def _outcome(
                     read.append(chunk)
                 dumped.append(chunk.model_dump(warnings=False))
             return "ok", dumped
-        return "ok", result.model_dump(warnings=False)
+        return "ok", _shown(result)
     except Exception as exc:  # the user's view: which exception, with what message
         return type(exc).__qualname__, str(exc)
+
+
+READS = ("create", "with_raw_response", "with_streaming_response")
 
 
 def _shown(chunk: Any) -> Any:
@@ -503,8 +507,11 @@ def _shown(chunk: Any) -> Any:
 def test_mutated_bodies_through_the_instrumented_sdk(engine_payloads, sdk_pair, data) -> None:
     """The instrumented client returns/raises exactly what the bare one does, its span
     ends, no internal error is reported, and a record on the span is one the offline
-    parser agrees with."""
+    parser agrees with; read as the SDK's objects (``create``, and ``.parse()`` of
+    ``with_raw_response``) or raw (``with_streaming_response``: a stream's lines, a
+    body's bytes)."""
     stream = data.draw(st.booleans(), label="stream")
+    how = data.draw(st.sampled_from(READS), label="read")
     bases = [(n, b) for n, b in _all_bases(engine_payloads) if isinstance(b, list) == stream]
     _name, base = data.draw(st.sampled_from(bases), label="base")
     payload = data.draw(mutated(base), label="mutated")
@@ -524,12 +531,23 @@ def test_mutated_bodies_through_the_instrumented_sdk(engine_payloads, sdk_pair, 
         request.update(stream=True, stream_options={"include_usage": True})
 
     def run(client: openai.OpenAI) -> Callable[[], Any]:
-        return lambda: client.chat.completions.create(**request)
+        chat = client.chat.completions
+        if how == "create":
+            return lambda: chat.create(**request)
+        if how == "with_raw_response":
+            return lambda: chat.with_raw_response.create(**request).parse()
 
-    bare = _outcome(run(sdk_pair["bare"]), stream)
+        def read_raw() -> Any:
+            with chat.with_streaming_response.create(**request) as response:
+                return list(response.iter_lines()) if stream else response.read()
+
+        return read_raw
+
+    iterated = stream and how != "with_streaming_response"
+    bare = _outcome(run(sdk_pair["bare"]), iterated)
     read: list[Any] = []
     with internal_errors() as reported:
-        wrapped = _outcome(run(sdk_pair["wrapped"]), stream, read)
+        wrapped = _outcome(run(sdk_pair["wrapped"]), iterated, read)
     assert wrapped == bare
     assert reported == []
     assert otel.counter.open_after(5.0) == 0  # a stream the user's own loop dropped: at GC

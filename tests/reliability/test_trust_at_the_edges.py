@@ -15,8 +15,8 @@ and a real HTTP server on loopback (``loopback.py``) or the simulator subprocess
 - Misuse is loud: instrument() again with other settings, setup() twice, an unknown
   engine in ``request_engine_stats``.
 - Metric attributes with unknown values are left out, never sent as ``""``.
-- Choices that are not a list of objects (the SDK never checks them) give no record and
-  no internal error.
+- Choices that are not a list of objects, and a Responses event type or status that is a
+  list (the SDK never checks them), give no record and no internal error.
 - A body or SSE event read raw that is not JSON (a gateway's page, or nested too deep
   for ``json``) gives a debug log and no record, not an internal-error warning.
 
@@ -44,7 +44,7 @@ import pytest
 from loopback import LoopbackServer
 from opentelemetry import baggage, context, propagate
 from opentelemetry.trace import StatusCode
-from reliability_helpers import API_KEY, Otel, instrumented
+from reliability_helpers import API_KEY, Otel, instrumented, internal_errors
 
 from spec_decode_otel import SpecDecodeInstrumentor, instrument_client
 from spec_decode_otel._logging import RateLimitedLog
@@ -441,6 +441,57 @@ def test_choices_the_sdk_never_checked_give_no_record_and_no_internal_error(
         client.close()
     ours = [r.getMessage() for r in caplog.records if r.name.startswith("spec_decode_otel")]
     assert not [m for m in ours if "internal error" in m], ours
+    (span,) = otel.spans()
+    assert span.attributes[SD_OUTCOME] == "no_stats"
+    assert {p.attributes[SD_OUTCOME]: p.value for p in otel.points(M_REQUESTS)} == {"no_stats": 1}
+
+
+RESPONSE_WITH_LIST_STATUS = {"id": "r", "object": "response", "status": ["x"], "output": []}
+
+
+@pytest.mark.parametrize(
+    ("body", "read"),
+    [
+        (json.dumps(RESPONSE_WITH_LIST_STATUS).encode(), "create"),
+        (
+            b"".join(
+                f"data: {json.dumps(event)}\n\n".encode()
+                for event in (
+                    {"type": [], "response": RESPONSE_WITH_LIST_STATUS},
+                    {"type": "response.completed", "response": RESPONSE_WITH_LIST_STATUS},
+                )
+            ),
+            "stream",
+        ),
+    ],
+    ids=["body", "stream"],
+)
+@pytest.mark.parametrize("raw", [False, True], ids=["objects", "raw-read"])
+def test_a_responses_type_or_status_that_is_a_list_gives_no_internal_error(
+    body: bytes, read: str, raw: bool, server: LoopbackServer, otel: Otel
+) -> None:
+    """The Responses API: an event ``type`` or a response ``status`` the server sent as a
+    list (unhashable) was looked up in a set or dict, a TypeError reported as an internal
+    error; for a body the call's end was cut short, so it was counted under no outcome."""
+    server.reply(body)
+    client = client_for(server)
+    stream = read == "stream"
+
+    def seen() -> Any:
+        kwargs: Any = {"model": "m", "input": "hi", "stream": stream}
+        if raw:
+            with client.responses.with_streaming_response.create(**kwargs) as response:
+                return list(response.iter_lines()) if stream else response.read()
+        result = client.responses.create(**kwargs)
+        return [event.type for event in result] if stream else result.status
+
+    try:
+        bare = seen()
+        with internal_errors() as reported, instrumented(otel):
+            assert seen() == bare
+    finally:
+        client.close()
+    assert reported == []
     (span,) = otel.spans()
     assert span.attributes[SD_OUTCOME] == "no_stats"
     assert {p.attributes[SD_OUTCOME]: p.value for p in otel.points(M_REQUESTS)} == {"no_stats": 1}

@@ -322,7 +322,8 @@ def _finish_reasons(obj: Any) -> list[Any]:
     if hasattr(obj, "choices"):
         choices = sdk_choices(obj)[:MAX_FINISH_REASONS]
         return [getattr(c, "finish_reason", None) for c in choices]
-    reason = RESPONSES_FINISH_REASONS.get(getattr(obj, "status", None) or "")
+    status = getattr(obj, "status", None)
+    reason = RESPONSES_FINISH_REASONS.get(status) if isinstance(status, str) else None
     return [reason] if reason is not None else []
 
 

@@ -126,7 +126,7 @@ class StreamObserver:
             model = getattr(response, "model", None)
             self.model = model if isinstance(model, str) else None
         kind = getattr(event, "type", None)
-        if getattr(event, "model_extra", None) or kind in RESPONSES_TERMINAL_EVENTS:
+        if getattr(event, "model_extra", None) or _is_terminal(kind):
             self.kept.append(event)
         self._note_event(kind, getattr(response, "status", None))
         return True
@@ -151,7 +151,7 @@ class StreamObserver:
     def _note_event(self, kind: Any, status: Any) -> None:
         """A Responses API event's finish reason, when it ends the response."""
         reason = RESPONSES_FINISH_REASONS.get(status) if isinstance(status, str) else None
-        if kind in RESPONSES_TERMINAL_EVENTS and reason is not None:
+        if _is_terminal(kind) and reason is not None:
             self._finish_reason(reason)
 
     def _finish_reason(self, reason: Any) -> None:
@@ -185,6 +185,12 @@ class StreamObserver:
             error=error,
         )
         self.kept.clear()  # the user may keep the proxy: it no longer keeps their chunks
+
+
+def _is_terminal(kind: Any) -> bool:
+    """A Responses stream event type that carries the finished response (the server may
+    send any JSON as the type: the SDK does not check it)."""
+    return isinstance(kind, str) and kind in RESPONSES_TERMINAL_EVENTS
 
 
 @functools.cache

@@ -19,7 +19,14 @@ from typing import Any
 import openai
 import pytest
 from opentelemetry.trace import StatusCode
-from reliability_helpers import API_KEY, Otel, canary_messages, instrumented, uninstrumented
+from reliability_helpers import (
+    API_KEY,
+    Otel,
+    canary_messages,
+    instrumented,
+    internal_errors,
+    uninstrumented,
+)
 
 from spec_decode_otel.instrumentation.genai_metrics import (
     M_OPERATION_DURATION,
@@ -167,10 +174,11 @@ def test_payload_fault(sync_client, engine: str, fault: str, stream: bool) -> No
     with uninstrumented():
         bare = run_sync(sync_client, body, faulted)
     otel = Otel()
-    with instrumented(otel, genai_metrics=True):
+    with instrumented(otel, genai_metrics=True), internal_errors() as reported:
         seen = run_sync(sync_client, body, faulted)
     seen.same_as(bare)
     assert seen.error is None
+    assert reported == []  # a server's bad payload is no bug of ours
 
     span = _only_span(otel)
     assert span.status.status_code is StatusCode.UNSET
@@ -191,10 +199,11 @@ async def test_payload_fault_async_stream(async_client, fault: str) -> None:
     with uninstrumented():
         bare = await run_async(async_client, body, headers)
     otel = Otel()
-    with instrumented(otel, genai_metrics=True):
+    with instrumented(otel, genai_metrics=True), internal_errors() as reported:
         seen = await run_async(async_client, body, headers)
     seen.same_as(bare)
     assert seen.error is None and seen.chunks
+    assert reported == []
     assert _spec_attrs(_only_span(otel)) == {}
     otel.shutdown()
 

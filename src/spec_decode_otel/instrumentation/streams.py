@@ -70,10 +70,10 @@ class StreamObserver:
             keep = bool(chunk.model_extra) or chunk.usage is not None
             self.multi = self.multi or len(choices) > 1
             for choice in choices[:MAX_CHOICES]:
-                if hasattr(choice, "model_extra") and self._note_choice(  # an object
-                    getattr(choice, "index", None),
-                    bool(getattr(choice, "model_extra", None)),
-                    getattr(choice, "finish_reason", None),
+                # Only an object in the JSON is a Choice: the SDK fills its missing fields
+                # with None, and keeps anything else (a number, a string) as it came.
+                if hasattr(choice, "model_extra") and self._note_choice(
+                    choice.index, bool(choice.model_extra), choice.finish_reason
                 ):
                     keep = True
             if keep:

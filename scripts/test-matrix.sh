@@ -9,6 +9,8 @@
 #                  written, and a requirement without a lower bound is an error here.
 #   latest-py3.12  the newest Pythons, with the versions of the main test environment
 #   latest-py3.13  ($PYTHON's packages, used as constraints): the latest, as the main run.
+#   openai2-py3.11 openai's major 2 (its last release), between the floor (1.x) and the
+#                  latest (3.x) the instruments extra allows; the other packages as latest.
 #
 # Venvs are cached under $SPEC_DECODE_OTEL_CACHE/venvs (default ~/.cache/spec-decode-otel),
 # keyed by interpreter, pins and requirements. The project itself is installed from this
@@ -32,6 +34,8 @@ log() { printf '[test-matrix] %s\n' "$*" >&2; }
 
 OLDEST_PYTHON=3.10
 LATEST_PYTHONS=(3.12 3.13)
+OPENAI_2_PYTHON=3.11
+OPENAI_2="openai==2.54.0"
 TEST_TOOLS=(pytest pytest-asyncio pytest-timeout hypothesis httpx hatchling editables)
 EXTRAS="otlp,simulator,instruments"
 TESTS=(
@@ -58,9 +62,6 @@ OLDEST_SKIP=(
   # chat.completions.parse()/stream() sit under client.beta in openai 1.40
   --deselect=tests/integration/test_instrumentation_responses.py::test_chat_completions_parse_is_recorded
   --deselect=tests/integration/test_instrumentation_responses.py::test_stream_helper_
-  # openai 1.40 (and 2.54) raise the transport's RemoteProtocolError for a stream cut
-  # mid-body; the test pins openai 3's APIConnectionError (the call still ends exactly once)
-  "--deselect=tests/integration/test_instrumentation_streams.py::test_every_exit_path_ends_the_call_exactly_once[error-"
 )
 # Not declared by us: openai 1.40 passes `proxies` to httpx.Client, which httpx 0.28
 # removed, so the oldest openai needs the httpx of its day.
@@ -161,6 +162,8 @@ latest="$(latest_pins)"
 for version in "${LATEST_PYTHONS[@]}"; do
   VENV_OF[latest-py${version}]="$(build "latest-py${version}" "$version" "$latest")"
 done
+VENV_OF[openai2-py${OPENAI_2_PYTHON}]="$(build "openai2-py${OPENAI_2_PYTHON}" \
+  "$OPENAI_2_PYTHON" "$(grep -iv '^openai==' <<<"$latest"; echo "$OPENAI_2")")"
 
 LOGS="$(mktemp -d)"
 declare -A PID_OF

@@ -17,6 +17,7 @@ Budget: ``SPEC_DECODE_OTEL_FUZZ_EXAMPLES`` examples per property (CI default bel
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -33,6 +34,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from reliability_helpers import (
     Otel,
+    async_mock_client,
     internal_errors,
     mock_client,
     sse,
@@ -574,6 +576,59 @@ def test_mutated_bodies_through_the_instrumented_sdk(engine_payloads, sdk_pair, 
         }
         wanted = record_attributes(expected)
         assert on_span == {k: tuple(v) if isinstance(v, list) else v for k, v in wanted.items()}
+
+
+@FUZZ_SDK
+@given(data=st.data())
+def test_mutated_bodies_through_the_instrumented_async_sdk(engine_payloads, data) -> None:
+    """The same for ``AsyncOpenAI``, whose streams and raw responses have proxies of their
+    own: what the user sees is the same, no internal error is reported, the span ends."""
+    stream = data.draw(st.booleans(), label="stream")
+    how = data.draw(st.sampled_from(READS), label="read")
+    bases = [(n, b) for n, b in _all_bases(engine_payloads) if isinstance(b, list) == stream]
+    _name, base = data.draw(st.sampled_from(bases), label="base")
+    payload = data.draw(mutated(base), label="mutated")
+    if stream:
+        raw = sse(payload if isinstance(payload, list) else [payload])
+        respond = lambda _request: sse_response(raw)  # noqa: E731
+    else:
+        raw = json.dumps(payload).encode()
+        respond = lambda _request: httpx2.Response(  # noqa: E731
+            200, content=raw, headers={"content-type": "application/json"}
+        )
+
+    async def seen(client: openai.AsyncOpenAI) -> tuple[str, Any]:
+        chat = client.chat.completions
+        request: Any = {"model": "spec-sim", "messages": [], "stream": stream}
+        try:
+            if how == "with_streaming_response":
+                async with chat.with_streaming_response.create(**request) as response:
+                    lines = [line async for line in response.iter_lines()]
+                    return "ok", lines if stream else await response.read()
+            if how == "create":
+                result = await chat.create(**request)
+            else:
+                result = (await chat.with_raw_response.create(**request)).parse()
+            if stream:
+                return "ok", [_shown(chunk) async for chunk in result]
+            return "ok", _shown(result)
+        except Exception as exc:  # the user's view: which exception, with what message
+            return type(exc).__qualname__, str(exc)
+
+    otel = Otel()
+    with uninstrumented():
+        bare = asyncio.run(seen(async_mock_client(respond)))
+        wrapped = instrument_client(
+            async_mock_client(respond),
+            tracer_provider=otel.tracer_provider,
+            meter_provider=otel.meter_provider,
+        )
+        with internal_errors() as reported:
+            assert asyncio.run(seen(wrapped)) == bare
+    assert reported == []
+    assert otel.counter.open_after(5.0) == 0
+    assert len(otel.spans()) == 1
+    otel.shutdown()
 
 
 # --------------------------------------------------------------------------- cost

@@ -27,7 +27,6 @@ from typing import Any
 import wrapt
 
 from spec_decode_otel._logging import report_internal_error
-from spec_decode_otel.capture import sdk_choices
 from spec_decode_otel.instrumentation import finalizer
 from spec_decode_otel.instrumentation.call import MAX_FINISH_REASONS, RESPONSES_FINISH_REASONS, Call
 from spec_decode_otel.integrations import note_openai_stream
@@ -66,15 +65,17 @@ class StreamObserver:
                 self._first(getattr(chunk, "model", None), getattr(chunk, "id", None))
             if not hasattr(chunk, "choices"):
                 return self._observe_event(chunk)
-            choices = sdk_choices(chunk)
+            choices = chunk.choices
+            if not isinstance(choices, list):  # the SDK never checks: any JSON can be here
+                choices = ()
             keep = bool(chunk.model_extra) or chunk.usage is not None
             self.multi = self.multi or len(choices) > 1
             for choice in choices[:MAX_CHOICES]:
-                # Only an object in the JSON is a Choice: the SDK fills its missing fields
-                # with None, and keeps anything else (a number, a string) as it came.
-                if hasattr(choice, "model_extra") and self._note_choice(
-                    choice.index, bool(choice.model_extra), choice.finish_reason
-                ):
+                try:  # only an object in the JSON became a Choice (missing fields None)
+                    index, extra, reason = choice.index, choice.model_extra, choice.finish_reason
+                except AttributeError:  # a number, a string, null: kept as it came
+                    continue
+                if self._note_choice(index, bool(extra), reason):
                     keep = True
             if keep:
                 self.kept.append(chunk)

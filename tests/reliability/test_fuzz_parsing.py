@@ -504,6 +504,23 @@ def _shown(chunk: Any) -> Any:
     return chunk.model_dump(warnings=False) if hasattr(chunk, "model_dump") else chunk
 
 
+def _draw_response(
+    engine_payloads: dict, data: Any
+) -> tuple[bool, str, Any, Callable[[], httpx2.Response]]:
+    """A mutated body or stream, how the user reads it, and what answers the request."""
+    stream = data.draw(st.booleans(), label="stream")
+    how = data.draw(st.sampled_from(READS), label="read")
+    bases = [(n, b) for n, b in _all_bases(engine_payloads) if isinstance(b, list) == stream]
+    _name, base = data.draw(st.sampled_from(bases), label="base")
+    payload = data.draw(mutated(base), label="mutated")
+    if stream:
+        raw = sse(payload if isinstance(payload, list) else [payload])
+        return stream, how, payload, lambda: sse_response(raw)
+    raw = json.dumps(payload).encode()
+    headers = {"content-type": "application/json"}
+    return stream, how, payload, lambda: httpx2.Response(200, content=raw, headers=headers)
+
+
 @FUZZ_SDK
 @given(data=st.data())
 def test_mutated_bodies_through_the_instrumented_sdk(engine_payloads, sdk_pair, data) -> None:
@@ -512,20 +529,9 @@ def test_mutated_bodies_through_the_instrumented_sdk(engine_payloads, sdk_pair, 
     parser agrees with; read as the SDK's objects (``create``, and ``.parse()`` of
     ``with_raw_response``) or raw (``with_streaming_response``: a stream's lines, a
     body's bytes)."""
-    stream = data.draw(st.booleans(), label="stream")
-    how = data.draw(st.sampled_from(READS), label="read")
-    bases = [(n, b) for n, b in _all_bases(engine_payloads) if isinstance(b, list) == stream]
-    _name, base = data.draw(st.sampled_from(bases), label="base")
-    payload = data.draw(mutated(base), label="mutated")
-    if stream:
-        chunks = payload if isinstance(payload, list) else [payload]
-        raw = sse(chunks)
-        sdk_pair["respond"] = lambda: sse_response(raw)
-    else:
-        raw = json.dumps(payload).encode()
-        sdk_pair["respond"] = lambda: httpx2.Response(
-            200, content=raw, headers={"content-type": "application/json"}
-        )
+    stream, how, payload, respond = _draw_response(engine_payloads, data)
+    chunks = payload if isinstance(payload, list) else [payload]
+    sdk_pair["respond"] = respond
     otel: Otel = sdk_pair["otel"]
     otel.exporter.clear()
     request = {"model": "spec-sim", "messages": [{"role": "user", "content": "fuzz"}]}
@@ -583,19 +589,7 @@ def test_mutated_bodies_through_the_instrumented_sdk(engine_payloads, sdk_pair, 
 def test_mutated_bodies_through_the_instrumented_async_sdk(engine_payloads, data) -> None:
     """The same for ``AsyncOpenAI``, whose streams and raw responses have proxies of their
     own: what the user sees is the same, no internal error is reported, the span ends."""
-    stream = data.draw(st.booleans(), label="stream")
-    how = data.draw(st.sampled_from(READS), label="read")
-    bases = [(n, b) for n, b in _all_bases(engine_payloads) if isinstance(b, list) == stream]
-    _name, base = data.draw(st.sampled_from(bases), label="base")
-    payload = data.draw(mutated(base), label="mutated")
-    if stream:
-        raw = sse(payload if isinstance(payload, list) else [payload])
-        respond = lambda _request: sse_response(raw)  # noqa: E731
-    else:
-        raw = json.dumps(payload).encode()
-        respond = lambda _request: httpx2.Response(  # noqa: E731
-            200, content=raw, headers={"content-type": "application/json"}
-        )
+    stream, how, _payload, respond = _draw_response(engine_payloads, data)
 
     async def seen(client: openai.AsyncOpenAI) -> tuple[str, Any]:
         chat = client.chat.completions
@@ -617,9 +611,9 @@ def test_mutated_bodies_through_the_instrumented_async_sdk(engine_payloads, data
 
     otel = Otel()
     with uninstrumented():
-        bare = asyncio.run(seen(async_mock_client(respond)))
+        bare = asyncio.run(seen(async_mock_client(lambda _request: respond())))
         wrapped = instrument_client(
-            async_mock_client(respond),
+            async_mock_client(lambda _request: respond()),
             tracer_provider=otel.tracer_provider,
             meter_provider=otel.meter_provider,
         )

@@ -329,74 +329,57 @@ def test_the_library_is_silent_unless_logging_is_configured(server: LoopbackServ
     assert any(line.startswith("DEBUG") and "internal error in start" in line for line in ours)
 
 
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
 @pytest.mark.parametrize(
-    "body",
-    [b"<html>a gateway's error page</html>", b"[" * 100_000 + b"]" * 100_000],
-    ids=["not-json", "too-deep"],
+    ("body", "stream", "logged"),
+    [
+        (b"<html>a gateway's error page</html>", False, "body read raw is not JSON"),
+        (DEEP, False, "body read raw is not JSON"),
+        (b"data: " + DEEP + b"\n\ndata: [DONE]\n\n", True, "SSE event read raw is not JSON"),
+    ],
+    ids=["body-not-json", "body-too-deep", "stream-event-too-deep"],
 )
-def test_a_raw_response_body_that_is_not_json_gets_a_debug_log_and_no_record(
+def test_a_raw_body_or_event_that_is_not_json_gets_a_debug_log_and_no_record(
     body: bytes,
+    stream: bool,
+    logged: str,
     server: LoopbackServer,
     otel: Otel,
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``with_raw_response`` decodes its own copy of the body when the call returns. A
-    200 body that is not JSON (a gateway's page), or nested too deep for ``json`` (which
-    raises RecursionError, not ValueError), was reported as an internal error of ours: a
-    WARNING with a traceback. Bad input from a server gets a debug log and no record, and
-    the user's ``parse()`` fails as it does without instrumentation."""
+    """``with_raw_response`` decodes its own copy of the body when the call returns, and
+    ``with_streaming_response``'s raw reads decode each SSE event. A 200 body that is not
+    JSON (a gateway's page), or a body or event nested too deep for ``json`` (which raises
+    RecursionError, not ValueError), was reported as an internal error of ours: a WARNING
+    with a traceback. Bad input from a server gets a debug log and no record, and the user
+    sees what they see without instrumentation (``parse()``'s error, the server's lines)."""
     monkeypatch.setattr(responses, "rate_limited", RateLimitedLog())  # no earlier test's
     server.reply(body)
     client = client_for(server)
 
-    def parse_error() -> type[BaseException]:
+    def seen() -> Any:
+        if stream:
+            kwargs: Any = {"model": "m", "messages": MESSAGES, "stream": True}
+            with client.chat.completions.with_streaming_response.create(**kwargs) as response:
+                return list(response.iter_lines())
         raw = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
         with pytest.raises(Exception) as caught:
             raw.parse()
         return type(caught.value)
 
     try:
-        bare = parse_error()
+        bare = seen()
         with caplog.at_level(logging.DEBUG, logger="spec_decode_otel"), instrumented(otel):
-            assert parse_error() is bare
+            assert seen() == bare
     finally:
         client.close()
     ours = [r.getMessage() for r in caplog.records if r.name.startswith("spec_decode_otel")]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], ours
     assert not [m for m in ours if "internal error" in m], ours
-    assert [m for m in ours if "body read raw is not JSON" in m], ours
-    (span,) = otel.spans()
-    assert span.attributes[SD_OUTCOME] == "no_stats"
-
-
-def test_a_raw_stream_event_nested_too_deep_gets_a_debug_log_and_no_record(
-    server: LoopbackServer,
-    otel: Otel,
-    caplog: pytest.LogCaptureFixture,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The same for an SSE event that ``with_streaming_response`` reads raw: ``json``'s
-    RecursionError was an internal error of ours. The user's lines are the server's."""
-    monkeypatch.setattr(responses, "rate_limited", RateLimitedLog())
-    server.reply(b"data: " + b"[" * 100_000 + b"]" * 100_000 + b"\n\ndata: [DONE]\n\n")
-    client = client_for(server)
-
-    def lines() -> list[str]:
-        kwargs: Any = {"model": "m", "messages": MESSAGES, "stream": True}
-        with client.chat.completions.with_streaming_response.create(**kwargs) as response:
-            return list(response.iter_lines())
-
-    try:
-        bare = lines()
-        with caplog.at_level(logging.DEBUG, logger="spec_decode_otel"), instrumented(otel):
-            assert lines() == bare
-    finally:
-        client.close()
-    ours = [r.getMessage() for r in caplog.records if r.name.startswith("spec_decode_otel")]
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], ours
-    assert not [m for m in ours if "internal error" in m], ours
-    assert [m for m in ours if "SSE event read raw is not JSON" in m], ours
+    assert [m for m in ours if logged in m], ours
     (span,) = otel.spans()
     assert span.attributes[SD_OUTCOME] == "no_stats"
 

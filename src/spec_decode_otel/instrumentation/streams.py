@@ -65,8 +65,10 @@ class StreamObserver:
                 self._first(getattr(chunk, "model", None), getattr(chunk, "id", None))
             if not hasattr(chunk, "choices"):
                 return self._observe_event(chunk)
+            # capture.sdk_choices's check, inline on this per-chunk path: the SDK never
+            # checks its fields, so any JSON can be here.
             choices = chunk.choices
-            if not isinstance(choices, list):  # the SDK never checks: any JSON can be here
+            if not isinstance(choices, list):
                 choices = ()
             keep = bool(chunk.model_extra) or chunk.usage is not None
             self.multi = self.multi or len(choices) > 1

@@ -15,7 +15,7 @@ from spec_decode_otel._logging import logger
 from spec_decode_otel.adapters.registry import detect
 from spec_decode_otel.capture import ParsedResponse
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
-from spec_decode_otel.sse import SseSplitter
+from spec_decode_otel.sse import LINE_END, SseSplitter
 
 #: Inputs larger than this are refused by :func:`parse_payloads` (64 MiB of text is
 #: far beyond any real response or stream capture).
@@ -88,8 +88,11 @@ def parse_payloads(text: str) -> list[Any]:
 
 
 def _parse_json_lines(text: str) -> list[Any]:
+    """One JSON value per line. A line ends at ``\\r\\n``, ``\\n`` or ``\\r``, which JSON
+    strings cannot hold unescaped; ``str.splitlines`` would also split at U+2028, U+2029
+    and U+0085, which they may hold, and engines that write UTF-8 JSON send them raw."""
     payloads = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(LINE_END.split(text), 1):
         if line.strip():
             try:
                 payloads.append(json.loads(line))

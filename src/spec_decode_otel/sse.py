@@ -31,7 +31,8 @@ from spec_decode_otel._logging import rate_limited
 #: output) included. Larger ones give no record; the user's reads are untouched.
 MAX_EVENT_CHARS = 16 * 1024 * 1024
 
-_LINE_END = re.compile(r"\r\n|\r|\n")
+#: What ends an SSE line (and a line of JSON lines): never U+2028, U+2029 or U+0085.
+LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 class SseSplitter:
@@ -56,7 +57,7 @@ class SseSplitter:
         if self._after_cr and text[0] == "\n":
             text = text[1:]
         self._after_cr = text.endswith("\r")
-        *ended, rest = _LINE_END.split(text)
+        *ended, rest = LINE_END.split(text)
         events: list[str] = []
         for piece in ended:
             self._complete(piece, events)

@@ -50,6 +50,25 @@ def test_json_lines_of_chunks_give_the_stream_record():
     assert dumped(record_from_text(text)) == EXPECTED
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085"])
+@pytest.mark.parametrize("form", ["json-lines", "sse"])
+def test_unicode_line_separators_inside_content_do_not_split_a_chunk(separator, form):
+    """JSON strings may hold U+2028, U+2029 and U+0085 unescaped (RFC 8259 escapes only
+    controls below U+0020), and a server that writes UTF-8 JSON sends them raw; only
+    ``\\n`` (or ``\\r``) ends a line of a capture."""
+    chunks = json.loads(json.dumps(CHUNKS))
+    content = next(c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content"))
+    content["choices"][0]["delta"]["content"] += f"one{separator}two"
+    lines = [json.dumps(c, ensure_ascii=False) for c in chunks]
+    assert separator in "".join(lines)
+    if form == "json-lines":
+        text = "\n".join(lines) + "\n"
+    else:
+        text = "".join(f"data: {line}\n\n" for line in lines) + "data: [DONE]\n\n"
+    assert len(parse_payloads(text)) == len(chunks)
+    assert dumped(record_from_text(text)) == EXPECTED
+
+
 def test_raw_sse_with_done_gives_the_stream_record():
     assert dumped(record_from_text(sse(CHUNKS))) == EXPECTED
 

@@ -46,6 +46,11 @@ step "LiteLLM proxy venv (the real proxy in front of the simulator; cached)"
 LITELLM_PROXY="$(PYTHON="$PYTHON" bash scripts/install-litellm-proxy.sh | tail -n 1)"
 export SPEC_DECODE_OTEL_LITELLM_PROXY="$LITELLM_PROXY"
 
+step "Rust model gateways venv (smg, sglang-router, vllm-router in front of the simulator; cached)"
+# Exact pins, run with `python -m` from the venv's bin directory: see the script for why.
+GATEWAYS="$(PYTHON="$PYTHON" bash scripts/install-gateways.sh | tail -n 1)"
+export SPEC_DECODE_OTEL_GATEWAYS="$GATEWAYS"
+
 step "ruff"
 "$PYTHON" -m ruff check .
 "$PYTHON" -m ruff format --check .

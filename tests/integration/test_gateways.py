@@ -72,6 +72,7 @@ from instrumentation_helpers import (
     spec_decode_attributes,
 )
 
+from installed import built_by
 from simulator_process import SimulatorProcess
 from spec_decode_otel import record_from_json
 from spec_decode_otel.payloads import parse_payloads
@@ -152,12 +153,12 @@ DROPS_REQUEST_FIELDS = {
 
 @pytest.fixture(scope="module")
 def gateway_bin() -> Path:
-    """The gateways venv's bin directory. Never skipped: unset is a failure."""
-    given = os.environ.get(ENV_GATEWAYS)
-    assert given, f"{ENV_GATEWAYS} is not set: {INSTALL_HINT}"
-    python = Path(given) / "python"
+    """The gateways venv's bin directory: scripts/test.sh builds it (cached) and exports
+    its path; a bare pytest run builds it here. Never skipped."""
+    given = built_by("install-gateways.sh", ENV_GATEWAYS)
+    python = given / "python"
     assert python.is_file() and os.access(python, os.X_OK), f"no {python}: {INSTALL_HINT}"
-    return Path(given)
+    return given
 
 
 def free_port() -> int:

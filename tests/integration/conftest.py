@@ -21,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from instrumentation_helpers import Otel
 
+from reliability.reliability_helpers import SpanCounter, internal_errors
+
 
 @pytest.fixture
 def otel() -> Iterator[Otel]:
@@ -35,3 +37,20 @@ def otel() -> Iterator[Otel]:
 def instrumented(otel: Otel) -> Otel:
     otel.instrument(genai_metrics=True)
     return otel
+
+
+@pytest.fixture
+def span_counter(otel: Otel) -> SpanCounter:
+    """Every span started and ended on ``otel``'s provider (other libraries' too), to see
+    any left open."""
+    counter = SpanCounter()
+    otel.tracer_provider.add_span_processor(counter)
+    return counter
+
+
+@pytest.fixture
+def no_internal_errors() -> Iterator[None]:
+    """Fails the test if the instrumentation reports an internal error of its own."""
+    with internal_errors() as errors:
+        yield
+    assert errors == []

@@ -226,6 +226,7 @@ def expected_span_attributes(record: SpecDecodeAcceptanceRecord) -> dict[str, An
     written out from the record's fields (not through the code under test)."""
     expected: dict[str, Any] = {"spec_decode.engine": record.engine}
     fields = {
+        "spec_decode.draft_method": record.draft_method,
         "spec_decode.mean_acceptance_length": record.mean_acceptance_length,
         "spec_decode.draft_acceptance_rate": record.draft_acceptance_rate,
         "spec_decode.num_spec_steps": record.num_spec_steps,
@@ -257,6 +258,12 @@ def spec_decode_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
         for k, v in attributes.items()
         if k.startswith("spec_decode.") and k not in CALL_ATTRIBUTES
     }
+
+
+def only_attributes(otel: Otel) -> dict[str, Any]:
+    """The attributes of the one span of ours ``otel`` holds."""
+    (span,) = otel.our_spans()
+    return dict(span.attributes or {})
 
 
 def expected_outcome(record: SpecDecodeAcceptanceRecord | None) -> str:

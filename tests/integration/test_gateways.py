@@ -69,6 +69,7 @@ from instrumentation_helpers import (
     Otel,
     expected_outcome,
     expected_span_attributes,
+    only_attributes,
     spec_decode_attributes,
 )
 
@@ -76,7 +77,6 @@ from installed import built_by
 from simulator_process import SimulatorProcess
 from spec_decode_otel import record_from_json
 from spec_decode_otel.payloads import parse_payloads
-from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 
 ENV_GATEWAYS = "SPEC_DECODE_OTEL_GATEWAYS"
 INSTALL_HINT = (
@@ -389,18 +389,6 @@ def comparable(payload: Any) -> Any:
     return {**out, "choices": choices} if "choices" in out else out
 
 
-def expected_attributes(record: SpecDecodeAcceptanceRecord) -> dict[str, Any]:
-    expected = expected_span_attributes(record)
-    if record.draft_method is not None:
-        expected["spec_decode.draft_method"] = record.draft_method
-    return expected
-
-
-def only_attributes(otel: Otel) -> dict[str, Any]:
-    (span,) = otel.our_spans()
-    return dict(span.attributes or {})
-
-
 # --------------------------------------------------------------------------- the tests
 
 
@@ -424,7 +412,7 @@ def test_the_gateway_passes_the_engines_stats_through_unchanged(
 
     attrs = only_attributes(instrumented)
     assert attrs["spec_decode.outcome"] == expected_outcome(record)
-    assert spec_decode_attributes(attrs) == expected_attributes(record)
+    assert spec_decode_attributes(attrs) == expected_span_attributes(record)
 
     through = post(route.base_url + case.path(), case.body())
     sent = post(route.twin_url + case.path(), case.body())

@@ -40,13 +40,13 @@ from instrumentation_helpers import (
     Otel,
     expected_outcome,
     expected_span_attributes,
+    only_attributes,
     spec_decode_attributes,
 )
 
 from installed import built_by
 from spec_decode_otel import record_from_json
 from spec_decode_otel.payloads import parse_payloads
-from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_PROXY = "SPEC_DECODE_OTEL_LITELLM_PROXY"
@@ -274,18 +274,6 @@ def call(proxy: Proxy, case: Case) -> list[Any]:
         return list(result) if case.stream else [result]
 
 
-def expected_attributes(record: SpecDecodeAcceptanceRecord) -> dict[str, Any]:
-    expected = expected_span_attributes(record)
-    if record.draft_method is not None:
-        expected["spec_decode.draft_method"] = record.draft_method
-    return expected
-
-
-def only_attributes(otel: Otel) -> dict[str, Any]:
-    (span,) = otel.our_spans()
-    return dict(span.attributes or {})
-
-
 def extra_choice_fields(choice: dict[str, Any]) -> set[str]:
     standard = {"index", "message", "delta", "text", "logprobs", "finish_reason"}
     return set(choice) - standard - {"provider_specific_fields"}
@@ -331,7 +319,7 @@ def test_a_body_keeps_the_engines_record(
 
     attrs = only_attributes(instrumented)
     assert attrs["spec_decode.outcome"] == expected_outcome(record)
-    assert spec_decode_attributes(attrs) == expected_attributes(record)
+    assert spec_decode_attributes(attrs) == expected_span_attributes(record)
 
     proxied = through_proxy(litellm_proxy, case)
     assert record_from_json(proxied, case.body()) == record
@@ -419,7 +407,7 @@ def test_a_stream_loses_the_engines_stats(
     if record is None:
         assert spec_decode_attributes(attrs) == {}
         return
-    assert spec_decode_attributes(attrs) == expected_attributes(record)
+    assert spec_decode_attributes(attrs) == expected_span_attributes(record)
     if case.shape == "smg":
         assert record == engine_record
     else:  # TRT-LLM: the engine's own final mean, nothing else

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +71,7 @@ from instrumentation_helpers import (
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from reliability.reliability_helpers import SpanCounter, internal_errors
+from reliability.reliability_helpers import SpanCounter
 from spec_decode_otel import record_from_json
 from spec_decode_otel.payloads import parse_payloads
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
@@ -167,21 +167,6 @@ class Agents:
         )
 
 
-@pytest.fixture
-def counted(otel: Otel) -> SpanCounter:
-    """Spans started and ended on ``otel``'s provider, to see any left open."""
-    counter = SpanCounter()
-    otel.tracer_provider.add_span_processor(counter)
-    return counter
-
-
-@pytest.fixture
-def no_internal_errors() -> Iterator[None]:
-    with internal_errors() as errors:
-        yield
-    assert errors == []
-
-
 async def run(agent: Agent[Any], given: list[TResponseInputItem] | str, streamed: bool) -> Any:
     """One ``Runner`` run; streamed runs are read through ``stream_events()`` to the end."""
     result: Any
@@ -232,7 +217,7 @@ async def test_each_agent_model_call_has_one_span_with_the_record_of_its_respons
     engine: str,
     streamed: bool,
     otel: Otel,
-    counted: SpanCounter,
+    span_counter: SpanCounter,
     simulator_url: str,
     no_internal_errors: None,
 ) -> None:
@@ -257,7 +242,7 @@ async def test_each_agent_model_call_has_one_span_with_the_record_of_its_respons
     # and the server was asked the same (nothing injected by default)
     assert seen.wire.bodies() == bare.wire.bodies()
 
-    assert counted.open == 0
+    assert span_counter.open == 0
     spans = otel.our_spans()
     assert len(spans) == len(seen.wire.requests) == len(TURNS)
     outcomes: list[str] = []
@@ -279,7 +264,7 @@ async def test_each_agent_model_call_has_one_span_with_the_record_of_its_respons
 async def test_agent_streams_on_vllm_get_the_record_once_the_usage_chunk_is_asked_for(
     ask: str,
     otel: Otel,
-    counted: SpanCounter,
+    span_counter: SpanCounter,
     simulator_url: str,
     no_internal_errors: None,
 ) -> None:
@@ -304,7 +289,7 @@ async def test_agent_streams_on_vllm_get_the_record_once_the_usage_chunk_is_aske
     has_usage = ask == "model_settings"
     assert all((usage[2] > 0) == has_usage for _, usage in outputs)
 
-    assert counted.open == 0
+    assert span_counter.open == 0
     spans = otel.our_spans()
     assert len(spans) == len(seen.wire.requests) == len(TURNS)
     for index, span in enumerate(spans):
@@ -321,7 +306,7 @@ async def test_a_guardrail_agent_running_beside_the_model_call_gets_its_own_span
     engine: str,
     streamed: bool,
     otel: Otel,
-    counted: SpanCounter,
+    span_counter: SpanCounter,
     simulator_url: str,
     no_internal_errors: None,
 ) -> None:
@@ -348,7 +333,7 @@ async def test_a_guardrail_agent_running_beside_the_model_call_gets_its_own_span
     assert isinstance(result.final_output, str) and result.final_output
     assert result.input_guardrail_results[0].output.output_info  # the guard agent answered
 
-    assert counted.open == 0
+    assert span_counter.open == 0
     spans = otel.our_spans()
     assert len(spans) == len(seen.wire.requests) == 2
     first, second = sorted(spans, key=lambda span: span.start_time or 0)
@@ -399,7 +384,7 @@ async def wait_closed(counter: SpanCounter, seconds: float = 10.0) -> int:
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
 async def test_breaking_out_of_stream_events_leaves_the_model_call_running_to_its_record(
-    api: str, otel: Otel, counted: SpanCounter, simulator_url: str, no_internal_errors: None
+    api: str, otel: Otel, span_counter: SpanCounter, simulator_url: str, no_internal_errors: None
 ) -> None:
     """``break`` out of ``stream_events()`` stops the consumer, not the run: the run loop
     task keeps reading the model stream into the queue, so the span stays open until the
@@ -412,12 +397,12 @@ async def test_breaking_out_of_stream_events_leaves_the_model_call_running_to_it
         result = Runner.run_streamed(seen.agent("llamacpp", 7400, extra_headers=SLOW), TURNS[0])
         events = result.stream_events()
         await first_text_delta(events)
-        assert counted.open == 1  # still being read, by the run loop task
+        assert span_counter.open == 1  # still being read, by the run loop task
         assert not result.is_complete
         await events.aclose()  # type: ignore[attr-defined]
         assert result.is_complete
         assert isinstance(result.final_output, str) and result.final_output
-        assert await wait_closed(counted) == 0
+        assert await wait_closed(span_counter) == 0
     finally:
         await seen.client.close()
 
@@ -429,7 +414,7 @@ async def test_breaking_out_of_stream_events_leaves_the_model_call_running_to_it
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
 async def test_cancelling_a_streamed_run_ends_the_span_not_read_to_end(
-    api: str, otel: Otel, counted: SpanCounter, simulator_url: str, no_internal_errors: None
+    api: str, otel: Otel, span_counter: SpanCounter, simulator_url: str, no_internal_errors: None
 ) -> None:
     """``result.cancel()`` (mode ``immediate``) cancels the run loop task mid-stream; the
     model's ``stream_response`` then closes the openai stream (``except
@@ -446,7 +431,7 @@ async def test_cancelling_a_streamed_run_ends_the_span_not_read_to_end(
         async for _ in events:  # as the Agents SDK asks: read on after cancel()
             pass
         assert result.is_complete and result.final_output is None
-        assert await wait_closed(counted) == 0
+        assert await wait_closed(span_counter) == 0
     finally:
         await seen.client.close()
 

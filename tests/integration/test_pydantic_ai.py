@@ -75,7 +75,7 @@ from pydantic_ai.settings import ModelSettings
 from pydantic_ai.usage import RunUsage
 
 import spec_decode_otel
-from reliability.reliability_helpers import SpanCounter, internal_errors
+from reliability.reliability_helpers import SpanCounter
 from spec_decode_otel.payloads import parse_payloads
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 from spec_decode_otel.telemetry import SCOPE_NAME
@@ -108,21 +108,6 @@ class Answer:
     @classmethod
     def of(cls, output: str, texts: list[str], usage: RunUsage) -> Answer:
         return cls(output, texts, usage.input_tokens, usage.output_tokens, usage.requests)
-
-
-@pytest.fixture
-def spans_open(otel: Otel) -> SpanCounter:
-    """Counts every span of the test's provider, pydantic-ai's included."""
-    counter = SpanCounter()
-    otel.tracer_provider.add_span_processor(counter)
-    return counter
-
-
-@pytest.fixture
-def no_internal_errors() -> Iterator[None]:
-    with internal_errors() as errors:
-        yield
-    assert errors == []
 
 
 def settings_for(engine: str, seed: int, **extra: Any) -> ModelSettings:
@@ -249,7 +234,7 @@ def test_each_model_request_of_a_chat_agent_gets_one_span_with_its_response_reco
     engine: str,
     pattern: str,
     otel: Otel,
-    spans_open: SpanCounter,
+    span_counter: SpanCounter,
     harness: Harness,
     no_internal_errors: None,
 ) -> None:
@@ -281,12 +266,12 @@ def test_each_model_request_of_a_chat_agent_gets_one_span_with_its_response_reco
     (span,) = otel.spans()
     assert scope_of(span) == SCOPE_NAME
     check_record(span, record)
-    assert spans_open.open == 0
+    assert span_counter.open == 0
     assert requests_by_outcome(otel) == {expected_outcome(record): 1}
 
 
 def test_a_run_that_retries_gets_one_span_per_model_request(
-    otel: Otel, spans_open: SpanCounter, harness: Harness, no_internal_errors: None
+    otel: Otel, span_counter: SpanCounter, harness: Harness, no_internal_errors: None
 ) -> None:
     """An output validator's ``ModelRetry`` makes the run ask the model twice: two spans,
     each with the record of its own answer (the same seed, so the same record)."""
@@ -310,7 +295,7 @@ def test_a_run_that_retries_gets_one_span_per_model_request(
     assert len(spans) == 2
     for span in spans:
         check_record(span, record)
-    assert spans_open.open == 0
+    assert span_counter.open == 0
     assert requests_by_outcome(otel) == {"recorded": 2}
 
 
@@ -345,7 +330,7 @@ async def leave_run_stream(
 
 @pytest.mark.parametrize("leave", ["unread", "break"])
 def test_run_stream_left_before_the_end_is_not_read_to_end(
-    leave: str, otel: Otel, spans_open: SpanCounter, harness: Harness, no_internal_errors: None
+    leave: str, otel: Otel, span_counter: SpanCounter, harness: Harness, no_internal_errors: None
 ) -> None:
     """``run_stream`` hands over the result at the ``FinalResultEvent`` (the first text
     delta); pydantic-ai reads the rest only when asked. Leaving the context without reading
@@ -362,7 +347,7 @@ def test_run_stream_left_before_the_end_is_not_read_to_end(
     assert attrs["spec_decode.outcome"] == "not_read_to_end"
     assert attrs["spec_decode.read_to_end"] is False
     assert spec_decode_attributes(attrs) == {}
-    assert spans_open.open == 0
+    assert span_counter.open == 0
     assert requests_by_outcome(otel) == {"not_read_to_end": 1}
 
 
@@ -375,7 +360,7 @@ def test_the_responses_model_gets_one_span_with_its_response_record(
     engine: str,
     pattern: str,
     otel: Otel,
-    spans_open: SpanCounter,
+    span_counter: SpanCounter,
     harness: Harness,
     no_internal_errors: None,
 ) -> None:
@@ -398,7 +383,7 @@ def test_the_responses_model_gets_one_span_with_its_response_record(
     (span,) = otel.spans()
     assert scope_of(span) == SCOPE_NAME
     check_record(span, record)
-    assert spans_open.open == 0
+    assert span_counter.open == 0
 
 
 # -- with pydantic-ai's own instrumentation ------------------------------------------------
@@ -423,7 +408,7 @@ def test_with_pydantic_ai_instrumentation_the_record_lands_on_its_chat_span(
     how: str,
     pattern: str,
     otel: Otel,
-    spans_open: SpanCounter,
+    span_counter: SpanCounter,
     harness: Harness,
     no_internal_errors: None,
 ) -> None:
@@ -450,7 +435,7 @@ def test_with_pydantic_ai_instrumentation_the_record_lands_on_its_chat_span(
     others = [s for s in otel.spans() if s is not chat[0]]
     assert [s.name for s in others] == ["invoke_agent agent"]
     assert spec_decode_attributes(others[0].attributes or {}) == {}
-    assert spans_open.open == 0
+    assert span_counter.open == 0
 
     metrics = otel.metrics()
     for name in GENAI_METRICS:

@@ -13,7 +13,7 @@ from typing import Any
 
 import openai
 import pytest
-from instrumentation_helpers import MESSAGES, MODEL, Otel, raw_payload
+from instrumentation_helpers import MESSAGES, MODEL, Otel, only_attributes, raw_payload
 
 from spec_decode_otel import record_from_json
 from spec_decode_otel.telemetry import record_attributes
@@ -50,11 +50,6 @@ def request_body(kwargs: dict[str, Any]) -> dict[str, Any]:
         if k not in ("extra_headers", "extra_body") and v is not None
     }
     return {**body, **(kwargs.get("extra_body") or {})}
-
-
-def only_attributes(otel: Otel) -> dict[str, Any]:
-    (span,) = otel.our_spans()
-    return dict(span.attributes or {})
 
 
 def test_sglang_lazy_histogram_gives_k_from_proposed_over_steps(

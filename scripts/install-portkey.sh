@@ -10,9 +10,10 @@
 #   locked/  @portkey-ai/gateway 1.15.2 with npm `overrides` @hono/node-server 1.13.5 and
 #            @hono/node-ws 1.2.0: the HTTP server Portkey's own package-lock resolves, so
 #            what the repository's `npm run start:node` and its image run.
-#   npm/     @portkey-ai/gateway 1.15.2 alone, dependencies as npm resolves them at install
-#            time (what `npx @portkey-ai/gateway` gets). Its `^1.3.3` on @hono/node-server
-#            now brings 1.19.x, whose lightweight Response keeps the upstream fetch
+#   npm/     @portkey-ai/gateway 1.15.2 with what a plain `npm install` (or `npx
+#            @portkey-ai/gateway`) resolved on 2026-12-04, pinned so that the tests do not
+#            change with the registry: @hono/node-server 1.19.19 and @hono/node-ws 1.3.1
+#            (its `^1.3.3`). That server's lightweight Response keeps the upstream fetch
 #            response's immutable Headers; Portkey's ResponseService.updateHeaders appends
 #            to them, so every streamed answer is a 500 (Portkey-AI/gateway#1389). The
 #            tests pin that too.
@@ -34,12 +35,13 @@ NODE="${NODE:-node}"
 CACHE_ROOT="${SPEC_DECODE_OTEL_CACHE:-${HOME}/.cache/spec-decode-otel}"
 GATEWAY="@portkey-ai/gateway@1.15.2"
 OVERRIDES='{"@hono/node-server": "1.13.5", "@hono/node-ws": "1.2.0"}'
+NPM_OVERRIDES='{"@hono/node-server": "1.19.19", "@hono/node-ws": "1.3.1"}'
 log() { printf '[install-portkey] %s\n' "$*" >&2; }
 
 command -v "$NODE" >/dev/null || { log "no node on PATH (Node 18 or later is needed)"; exit 1; }
 command -v "$NPM" >/dev/null || { log "no npm on PATH"; exit 1; }
 
-key="$(printf '%s\n' "$("$NODE" --version)" "$("$NPM" --version)" "$GATEWAY" "$OVERRIDES" \
+key="$(printf '%s\n' "$("$NODE" --version)" "$("$NPM" --version)" "$GATEWAY" "$OVERRIDES" "$NPM_OVERRIDES" \
   | sha256sum | cut -c1-16)"
 DIR="${CACHE_ROOT}/portkey-${key}"
 
@@ -60,15 +62,18 @@ else
   log "installing ${GATEWAY} into ${DIR}"
   rm -rf "${DIR}"
   mkdir -p "${DIR}/locked" "${DIR}/npm"
-  cat >"${DIR}/locked/package.json" <<EOF
+  for tree in locked npm; do
+    overrides="$OVERRIDES"
+    [[ "$tree" == npm ]] && overrides="$NPM_OVERRIDES"
+    cat >"${DIR}/${tree}/package.json" <<EOF
 {
   "private": true,
   "dependencies": {"@portkey-ai/gateway": "${GATEWAY##*@}"},
-  "overrides": ${OVERRIDES}
+  "overrides": ${overrides}
 }
 EOF
-  npm_install "${DIR}/locked"
-  npm_install "${DIR}/npm" "${GATEWAY}"
+    npm_install "${DIR}/${tree}"
+  done
   for tree in locked npm; do
     entry="${DIR}/${tree}/node_modules/@portkey-ai/gateway/build/start-server.js"
     [[ -f "$entry" ]] || { log "no ${entry}"; exit 1; }

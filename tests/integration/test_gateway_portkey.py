@@ -30,15 +30,15 @@ What the source says and the runs confirm (all in ``build/start-server.js``, min
   TRT-LLM's choice fields, llama.cpp's ``timings`` and the usage pair all survive,
   whichever the mode.
 - Streams need the @hono/node-server Portkey's lockfile resolves (1.13.5, the
-  ``locked`` tree). With the one npm resolves today for ``^1.3.3`` (1.19.x, the ``npm``
-  tree), ``new Response(stream, upstreamResponse)`` keeps the upstream's immutable Headers,
+  ``locked`` tree). With the one a plain npm install resolved for ``^1.3.3`` on
+  2026-12-04 (1.19.19, pinned in the ``npm`` tree), ``new Response(stream,
+  upstreamResponse)`` keeps the upstream's immutable Headers,
   ``ResponseService.updateHeaders`` throws ``TypeError: immutable``, and every streamed
   call gets a 500 (Portkey-AI/gateway#1389).
 """
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 import zlib
@@ -51,13 +51,20 @@ from urllib.parse import quote
 import httpx
 import openai
 import pytest
+from gateway_cases import (
+    SHAPES,
+    api_path,
+    comparable,
+    free_port,
+    post,
+    request_body,
+    sdk_call,
+)
 from instrumentation_helpers import (
-    MESSAGES,
-    MODEL,
-    PROMPT,
     Otel,
     expected_outcome,
     expected_span_attributes,
+    only_attributes,
     spec_decode_attributes,
 )
 
@@ -65,7 +72,6 @@ from installed import built_by
 from simulator_process import SimulatorProcess
 from spec_decode_otel import record_from_json
 from spec_decode_otel.payloads import parse_payloads
-from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 
 ENV_PORTKEY = "SPEC_DECODE_OTEL_PORTKEY"
 VERSION = "1.15.2"
@@ -81,16 +87,6 @@ LOOPBACK = (
 )
 SIMULATOR_FLAGS = ("--engine", "vllm", "--level", "detailed", "--k", "4", "--alpha", "0.7")
 SIM_HEADERS = "x-spec-decode-engine, x-sim-seed"
-#: shape -> (the simulator's engine, what the client adds to the request body)
-SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
-    "vllm": ("vllm", {}),
-    "vllm-premerge": ("vllm-premerge", {}),
-    "sglang": ("sglang", {"return_spec_tokens_details": True}),
-    "sglang-meta-info": ("sglang", {"return_meta_info": True}),
-    "trtllm": ("trtllm", {}),
-    "llamacpp": ("llamacpp", {}),
-    "smg": ("smg", {}),  # the usage pair (completion_tokens_details)
-}
 #: shapes that need a request field Portkey's parameter table does not carry
 DROPPED_SHAPES = {"sglang", "sglang-meta-info"}
 #: x-portkey-strict-open-ai-compliance: unset (the default, strict), true, false
@@ -109,12 +105,6 @@ def portkey_dir() -> Path:
     for tree in ("locked", "npm"):
         assert (given / tree / ENTRY).is_file(), f"no {given / tree / ENTRY}"
     return given
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -190,7 +180,7 @@ def portkey(portkey_dir: Path, workdir: Path) -> Iterator[Portkey]:
 
 @pytest.fixture(scope="module")
 def portkey_npm(portkey_dir: Path, workdir: Path) -> Iterator[Portkey]:
-    """The ``npm`` tree: dependencies as npm resolved them at install time."""
+    """The ``npm`` tree: what a plain npm install resolved on 2026-12-04, pinned."""
     gateway = start_portkey(portkey_dir / "npm", workdir)
     try:
         yield gateway
@@ -199,12 +189,12 @@ def portkey_npm(portkey_dir: Path, workdir: Path) -> Iterator[Portkey]:
 
 
 @pytest.mark.parametrize(
-    ("tree", "node_server"), [("locked", "1.13.5"), ("npm", None)], ids=["locked", "npm"]
+    ("tree", "node_server"), [("locked", "1.13.5"), ("npm", "1.19.19")], ids=["locked", "npm"]
 )
 def test_portkey_is_the_pinned_version(portkey_dir: Path, tree: str, node_server: str) -> None:
     """The claims here are about @portkey-ai/gateway 1.15.2; the ``locked`` tree runs
-    @hono/node-server 1.13.5, the ``npm`` tree a later one (the streams' failure needs
-    1.14 or later, where the lightweight Response reuses the init's Headers)."""
+    @hono/node-server 1.13.5, the ``npm`` tree 1.19.19 (the streams' failure needs 1.14 or
+    later, where the lightweight Response reuses the init's Headers)."""
     modules = portkey_dir / tree / "node_modules"
     versions = "[require(process.argv[1]).version, require(process.argv[2]).version].join(' ')"
     done = subprocess.run(
@@ -220,11 +210,7 @@ def test_portkey_is_the_pinned_version(portkey_dir: Path, tree: str, node_server
         timeout=60,
     )
     gateway, server = done.stdout.split()
-    assert gateway == VERSION, done.stderr
-    if node_server is not None:
-        assert server == node_server
-    else:
-        assert tuple(int(p) for p in server.split(".")[:2]) >= (1, 14), server
+    assert (gateway, server) == (VERSION, node_server), done.stderr
 
 
 # --------------------------------------------------------------------------- requests
@@ -248,19 +234,10 @@ class Case:
     def body(self, extra: bool = True) -> dict[str, Any]:
         """The request body: the same through Portkey and straight to the simulator.
         ``extra`` False leaves out the shape's own fields (what Portkey sends on)."""
-        body: dict[str, Any] = {"model": MODEL, "max_tokens": 24, "stream": self.stream}
-        if extra:
-            body.update(SHAPES[self.shape][1])
-        if self.api == "chat":
-            body["messages"] = MESSAGES
-        else:
-            body["prompt"] = PROMPT
-        if self.stream:
-            body["stream_options"] = {"include_usage": True}
-        return body
+        return request_body(self.shape, self.api, self.stream, extra)
 
     def path(self) -> str:
-        return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
+        return api_path(self.api)
 
     def sim_headers(self) -> dict[str, str]:
         return {"x-spec-decode-engine": self.engine, "x-sim-seed": self.seed}
@@ -295,52 +272,9 @@ PASSED = [c for c in ALL if c.shape not in DROPPED_SHAPES]
 DROPPED = [c for c in ALL if c.shape in DROPPED_SHAPES]
 
 
-def post(url: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
-    """The decoded body, or the list of a stream's chunks."""
-    response = httpx.post(url, json=body, headers=headers, timeout=30)
-    response.raise_for_status()
-    return parse_payloads(response.text) if body.get("stream") else response.json()
-
-
 def call(gateway: Portkey, simulator: str, case: Case) -> list[Any]:
     """One instrumented SDK call through Portkey; every chunk of a stream is read."""
-    body = case.body()
-    kwargs = {k: v for k, v in body.items() if k not in SHAPES[case.shape][1]}
-    with openai.OpenAI(
-        base_url=gateway.base_url + "/v1",
-        api_key="sk-test",
-        max_retries=0,
-        default_headers=case.portkey_headers(simulator),
-    ) as client:
-        create = client.chat.completions.create if case.api == "chat" else client.completions.create
-        result = create(**kwargs, extra_body=SHAPES[case.shape][1])
-        return list(result) if case.stream else [result]
-
-
-def comparable(payload: Any) -> Any:
-    """A body or chunk list minus what differs between two answers to the same seeded
-    request: ids, ``created`` and SGLang's ``meta_info.id``."""
-    if isinstance(payload, list):
-        return [comparable(c) for c in payload]
-    out = {k: v for k, v in payload.items() if k not in ("id", "created")}
-    choices = []
-    for choice in out.get("choices") or ():
-        if isinstance(choice.get("meta_info"), dict):
-            choice = {**choice, "meta_info": {**choice["meta_info"], "id": None}}
-        choices.append(choice)
-    return {**out, "choices": choices} if "choices" in out else out
-
-
-def expected_attributes(record: SpecDecodeAcceptanceRecord) -> dict[str, Any]:
-    expected = expected_span_attributes(record)
-    if record.draft_method is not None:
-        expected["spec_decode.draft_method"] = record.draft_method
-    return expected
-
-
-def span_attributes(otel: Otel) -> dict[str, Any]:
-    (span,) = otel.our_spans()
-    return dict(span.attributes or {})
+    return sdk_call(gateway.base_url, case.shape, case.body(), case.portkey_headers(simulator))
 
 
 # --------------------------------------------------------------------------- the tests
@@ -365,9 +299,9 @@ def test_portkey_passes_the_engines_stats_through_in_every_compliance_mode(
     record = record_from_json(sent, case.body())
     assert record is not None
 
-    attrs = span_attributes(instrumented)
+    attrs = only_attributes(instrumented)
     assert attrs["spec_decode.outcome"] == expected_outcome(record)
-    assert spec_decode_attributes(attrs) == expected_attributes(record)
+    assert spec_decode_attributes(attrs) == expected_span_attributes(record)
 
     through = post(portkey.base_url + case.path(), case.body(), case.portkey_headers(simulator))
     assert comparable(through) == comparable(sent)
@@ -399,7 +333,7 @@ def test_portkey_drops_sglangs_stats_fields_from_the_request_in_every_mode(
         recorded = not (case.shape == "sglang-meta-info" and case.api == "completions")
         assert (record_from_json(engine_sent, case.body()) is not None) is recorded
 
-    attrs = span_attributes(instrumented)
+    attrs = only_attributes(instrumented)
     assert attrs["spec_decode.outcome"] == "no_stats"
     assert spec_decode_attributes(attrs) == {}
 
@@ -442,7 +376,7 @@ def test_portkey_with_a_later_hono_node_server_fails_every_streamed_call(
     streamed = Case("vllm", api, True, None)
     with pytest.raises(openai.InternalServerError):
         call(portkey_npm, simulator, streamed)
-    attrs = span_attributes(instrumented)
+    attrs = only_attributes(instrumented)
     assert attrs["spec_decode.outcome"] == "error"
     assert spec_decode_attributes(attrs) == {}
     raw = httpx.post(
@@ -460,4 +394,4 @@ def test_portkey_with_a_later_hono_node_server_fails_every_streamed_call(
     sent = post(simulator + whole.path(), whole.body(), whole.sim_headers())
     record = record_from_json(sent, whole.body())
     assert record is not None
-    assert spec_decode_attributes(span_attributes(instrumented)) == expected_attributes(record)
+    assert spec_decode_attributes(only_attributes(instrumented)) == expected_span_attributes(record)

@@ -50,7 +50,6 @@ SGLang sends no stats at all on chat through it.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -60,12 +59,17 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
-import openai
 import pytest
+from gateway_cases import (
+    SHAPES,
+    api_path,
+    comparable,
+    free_port,
+    post,
+    request_body,
+    sdk_call,
+)
 from instrumentation_helpers import (
-    MESSAGES,
-    MODEL,
-    PROMPT,
     Otel,
     expected_outcome,
     expected_span_attributes,
@@ -127,16 +131,6 @@ GATEWAYS = {
         "vllm-router", "0.1.17", ("vllm_router.launch_router",), "warning", True
     ),
 }
-#: shape -> (the simulator's engine, what the client adds to the request body)
-SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
-    "vllm": ("vllm", {}),
-    "vllm-premerge": ("vllm-premerge", {}),
-    "sglang": ("sglang", {"return_spec_tokens_details": True}),
-    "sglang-meta-info": ("sglang", {"return_meta_info": True}),
-    "trtllm": ("trtllm", {}),
-    "llamacpp": ("llamacpp", {}),
-    "smg": ("smg", {}),  # the usage pair (completion_tokens_details)
-}
 ENGINES = list(dict.fromkeys(engine for engine, _ in SHAPES.values()))
 #: SGLang (0.5.23) answers 400 to a streamed chat request with return_meta_info and
 #: ignores the field on completions: a non-streamed chat call is the one that carries it.
@@ -159,12 +153,6 @@ def gateway_bin() -> Path:
     python = given / "python"
     assert python.is_file() and os.access(python, os.X_OK), f"no {python}: {INSTALL_HINT}"
     return given
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -320,19 +308,10 @@ class Case:
     def body(self, extra: bool = True) -> dict[str, Any]:
         """The request body: the same through the gateway and to the twin. ``extra``
         False leaves out the shape's own fields (what a gateway that drops them sends)."""
-        body: dict[str, Any] = {"model": MODEL, "max_tokens": 24, "stream": self.stream}
-        if extra:
-            body.update(SHAPES[self.shape][1])
-        if self.api == "chat":
-            body["messages"] = MESSAGES
-        else:
-            body["prompt"] = PROMPT
-        if self.stream:
-            body["stream_options"] = {"include_usage": True}
-        return body
+        return request_body(self.shape, self.api, self.stream, extra)
 
     def path(self) -> str:
-        return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
+        return api_path(self.api)
 
 
 def case_id(case: Case) -> str:
@@ -358,35 +337,9 @@ PASSED = [c for c in all_cases() if (c.gateway, c.shape, c.api) not in DROPS_REQ
 DROPPED = [c for c in all_cases() if (c.gateway, c.shape, c.api) in DROPS_REQUEST_FIELDS]
 
 
-def post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
-    """The decoded body, or the list of a stream's chunks."""
-    response = httpx.post(url, json=body, headers=headers, timeout=30)
-    response.raise_for_status()
-    return parse_payloads(response.text) if body.get("stream") else response.json()
-
-
 def call(route: Route, case: Case) -> list[Any]:
     """One instrumented SDK call through the gateway; every chunk of a stream is read."""
-    body = case.body()
-    kwargs = {k: v for k, v in body.items() if k not in SHAPES[case.shape][1]}
-    with openai.OpenAI(base_url=route.base_url + "/v1", api_key="sk-test", max_retries=0) as c:
-        create = c.chat.completions.create if case.api == "chat" else c.completions.create
-        result = create(**kwargs, extra_body=SHAPES[case.shape][1])
-        return list(result) if case.stream else [result]
-
-
-def comparable(payload: Any) -> Any:
-    """A body or chunk list minus what differs between two answers to the same sample:
-    ids, ``created`` and SGLang's ``meta_info.id``."""
-    if isinstance(payload, list):
-        return [comparable(c) for c in payload]
-    out = {k: v for k, v in payload.items() if k not in ("id", "created")}
-    choices = []
-    for choice in out.get("choices") or ():
-        if isinstance(choice.get("meta_info"), dict):
-            choice = {**choice, "meta_info": {**choice["meta_info"], "id": None}}
-        choices.append(choice)
-    return {**out, "choices": choices} if "choices" in out else out
+    return sdk_call(route.base_url, case.shape, case.body())
 
 
 # --------------------------------------------------------------------------- the tests

@@ -51,6 +51,11 @@ step "Rust model gateways venv (smg, sglang-router, vllm-router in front of the 
 GATEWAYS="$(PYTHON="$PYTHON" bash scripts/install-gateways.sh | tail -n 1)"
 export SPEC_DECODE_OTEL_GATEWAYS="$GATEWAYS"
 
+step "Portkey AI Gateway (npm, two pinned trees; cached)"
+# Node and npm from the machine: see the script for why two trees.
+PORTKEY="$(bash scripts/install-portkey.sh | tail -n 1)"
+export SPEC_DECODE_OTEL_PORTKEY="$PORTKEY"
+
 step "ruff"
 "$PYTHON" -m ruff check .
 "$PYTHON" -m ruff format --check .

@@ -40,7 +40,6 @@ not what is tested here. Agents are text-only (no tools, no handoffs).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -372,16 +371,6 @@ async def first_text_delta(events: AsyncIterator[Any]) -> None:
     raise AssertionError("the stream ended before any text delta")
 
 
-async def wait_closed(counter: SpanCounter, seconds: float = 10.0) -> int:
-    """Spans still open once ``seconds`` have passed with some open (without blocking
-    the event loop the stream is read on)."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while counter.open and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.02)
-    open_spans: int = counter.open
-    return open_spans
-
-
 @pytest.mark.parametrize("api", ["chat", "responses"])
 async def test_breaking_out_of_stream_events_leaves_the_model_call_running_to_its_record(
     api: str, otel: Otel, span_counter: SpanCounter, simulator_url: str, no_internal_errors: None
@@ -402,7 +391,7 @@ async def test_breaking_out_of_stream_events_leaves_the_model_call_running_to_it
         await events.aclose()  # type: ignore[attr-defined]
         assert result.is_complete
         assert isinstance(result.final_output, str) and result.final_output
-        assert await wait_closed(span_counter) == 0
+        assert await span_counter.open_after_async(10) == 0
     finally:
         await seen.client.close()
 
@@ -431,7 +420,7 @@ async def test_cancelling_a_streamed_run_ends_the_span_not_read_to_end(
         async for _ in events:  # as the Agents SDK asks: read on after cancel()
             pass
         assert result.is_complete and result.final_output is None
-        assert await wait_closed(span_counter) == 0
+        assert await span_counter.open_after_async(10) == 0
     finally:
         await seen.client.close()
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -105,6 +106,14 @@ class SpanCounter(SpanProcessor):
         deadline = time.monotonic() + seconds
         while self.open and time.monotonic() < deadline:
             time.sleep(0.01)
+        return self.open
+
+    async def open_after_async(self, seconds: float) -> int:
+        """:meth:`open_after` for a test on an event loop: waits without blocking the loop
+        that may still be reading the stream."""
+        deadline = time.monotonic() + seconds
+        while self.open and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         return self.open
 
 

@@ -22,6 +22,7 @@ from instrumentation_helpers import (
     call_async,
     call_sync,
     dumps_without_volatile,
+    expected_span_attributes,
     fingerprint_left_on_the_usage_chunk,
     raw_payload,
     request_kwargs,
@@ -36,7 +37,13 @@ import spec_decode_otel
 # -- instrument_client ---------------------------------------------------------------------
 
 
-def test_instrument_client_covers_only_that_instance(otel: Otel, simulator_url: str) -> None:
+def test_instrument_client_covers_that_instance_and_its_copies_only(
+    otel: Otel, simulator_url: str
+) -> None:
+    """``with_options()``/``copy()`` make a new client per call site (the SDK's own
+    Responses tool runner does, openai 3.63.0 ``lib/responses_tool_runner.py``:
+    ``client.with_options(max_retries=0)``); each is the chosen client with other request
+    options, so it is covered with the same providers. A client made apart is not."""
     chosen = openai.OpenAI(api_key="sk-test", base_url=simulator_url, max_retries=0)
     other = openai.OpenAI(api_key="sk-test", base_url=simulator_url, max_retries=0)
     try:
@@ -48,14 +55,23 @@ def test_instrument_client_covers_only_that_instance(otel: Otel, simulator_url: 
         assert len(otel.spans()) == 1
         call_sync(other, "chat", request_kwargs("vllm", "chat", False, 72))
         call_sync(other, "chat", request_kwargs("vllm", "chat", True, 73))
+        assert len(otel.spans()) == 1  # not the other client
+        derived = chosen.with_options(timeout=30)
+        assert derived.timeout == 30 and chosen.timeout != 30  # the SDK's copy, unchanged
+        call_sync(derived, "chat", request_kwargs("vllm", "chat", False, 74))
         call_sync(
-            chosen.with_options(timeout=30), "chat", request_kwargs("vllm", "chat", False, 74)
+            chosen.copy(max_retries=1).with_options(timeout=5),
+            "chat",
+            request_kwargs("vllm", "chat", False, 75),
         )
-        assert len(otel.spans()) == 1  # neither the other client nor a copy
-        call_sync(chosen, "chat", request_kwargs("vllm", "chat", True, 75))
+        call_sync(chosen, "chat", request_kwargs("vllm", "chat", True, 76))
         spans = otel.spans()
-        assert len(spans) == 2
-        assert all(spec_decode_attributes(s.attributes)["spec_decode.engine"] for s in spans)
+        assert len(spans) == 4
+        for span, seed in zip(spans, (71, 74, 75, 76), strict=True):
+            kwargs = request_kwargs("vllm", "chat", seed == 76, seed)
+            record = spec_decode_otel.record_from_json(raw_payload(simulator_url, "chat", kwargs))
+            assert record is not None
+            assert spec_decode_attributes(span.attributes) == expected_span_attributes(record)
     finally:
         chosen.close()
         other.close()
@@ -72,12 +88,19 @@ async def test_instrument_client_async_and_no_double_span_with_global(
         )
         await call_async(chosen, "chat", request_kwargs("sglang", "chat", True, 76))
         await call_async(other, "chat", request_kwargs("sglang", "chat", True, 77))
-        assert len(otel.spans()) == 1
-        # instrumenting the whole process as well must not record the client twice
+        await call_async(
+            chosen.with_options(timeout=30), "chat", request_kwargs("sglang", "chat", True, 80)
+        )
+        assert len(otel.spans()) == 2
+        # instrumenting the whole process as well must not record the client (or a copy)
+        # twice
         otel.instrument()
         await call_async(chosen, "chat", request_kwargs("sglang", "chat", False, 78))
         await call_async(other, "chat", request_kwargs("sglang", "chat", False, 79))
-        assert len(otel.spans()) == 3
+        await call_async(
+            chosen.copy(timeout=30), "chat", request_kwargs("sglang", "chat", False, 83)
+        )
+        assert len(otel.spans()) == 5
     finally:
         await chosen.close()
         await other.close()

@@ -20,6 +20,7 @@ import wrapt
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
+from spec_decode_otel._logging import report_internal_error
 from spec_decode_otel.instrumentation.genai_metrics import GenAiMetrics
 from spec_decode_otel.instrumentation.settings import Settings
 from spec_decode_otel.instrumentation.wrapper import Instrumentation
@@ -192,14 +193,23 @@ def _async_wrapper(instrumentation: Instrumentation) -> Wrapper:
 def instrument_client(client: Any, **kwargs: Any) -> Any:
     """Instrument one ``OpenAI``/``AsyncOpenAI`` instance only; returns the client.
 
-    Copies made later with ``client.with_options()``/``copy()`` are new clients and are
-    not instrumented. While :class:`SpecDecodeInstrumentor` instruments the whole
-    process, this client's calls are left to it, so no call is ever recorded twice.
-    Wrappers other instrumentations put on the client's class stay in the call path.
+    Clients derived from it with ``client.with_options()``/``copy()`` are covered too, with
+    the same settings and providers: they are views of the same client with other request
+    options, and code (the SDK's own tool runner among it) makes them per call. While
+    :class:`SpecDecodeInstrumentor` instruments the whole process, this client's calls are
+    left to it, so no call is ever recorded twice. Wrappers other instrumentations put on
+    the client's class stay in the call path.
     """
     if getattr(client, _CLIENT_MARK, False):
         return client
     instrumentation, _ = _build(dict(kwargs))
+    _cover(client, instrumentation)
+    return client
+
+
+def _cover(client: Any, instrumentation: Instrumentation) -> None:
+    """Put ``instrumentation`` on this instance's ``request``, and on the clients its
+    ``copy``/``with_options`` make."""
     import openai._base_client as base_client
 
     is_async = isinstance(client, base_client.AsyncAPIClient)
@@ -213,9 +223,21 @@ def instrument_client(client: Any, **kwargs: Any) -> Any:
         note_openai_request()
         return wrapper(method, client, args, kw)
 
+    def derive(wrapped: Any, instance: Any, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+        derived = wrapped(*args, **kw)
+        try:
+            if not getattr(derived, _CLIENT_MARK, False):
+                _cover(derived, instrumentation)
+        except Exception:
+            report_internal_error("instrument_client: derived client")
+        return derived
+
     object.__setattr__(client, "request", wrapt.FunctionWrapper(client.request, guarded))
+    for name in ("copy", "with_options"):
+        method = getattr(client, name, None)
+        if callable(method):
+            object.__setattr__(client, name, wrapt.FunctionWrapper(method, derive))
     object.__setattr__(client, _CLIENT_MARK, True)
-    return client
 
 
 __all__ = ["SpecDecodeInstrumentor", "instrument_client"]

@@ -51,6 +51,7 @@ from typing import Any, TypeVar, cast
 
 import httpx
 import httpx2
+import openai
 import pytest
 from instrumentation_helpers import (
     ENGINES,
@@ -309,6 +310,26 @@ def test_max_retries_setting_goes_through_a_derived_client_that_is_still_covered
     otel.instrument()
     settings = settings_for("vllm", seed, max_retries=1)
     harness.drive(harness.chat_agent(), "run", settings)
+    record = spec_decode_otel.record_from_json(chat_payload(harness.base_url, "vllm", seed, False))
+    (span,) = otel.spans()
+    check_record(span, record)
+
+
+def test_max_retries_derived_client_of_an_instrument_client_is_covered(
+    otel: Otel, harness: Harness, no_internal_errors: None
+) -> None:
+    """The same derived client when only the client handed to pydantic-ai is instrumented
+    (``instrument_client``, no process-wide instrumentor): the copy ``with_options()``
+    makes is covered with the chosen client's providers, one span, the engine's record."""
+    seed = seed_for("max_retries_instrument_client")
+    http_client = httpx2.AsyncClient()
+    harness.http_clients.append(http_client)
+    client = openai.AsyncOpenAI(base_url=harness.base_url, api_key="sk-t", http_client=http_client)
+    spec_decode_otel.instrument_client(
+        client, tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider
+    )
+    agent = Agent(OpenAIChatModel(MODEL, provider=OpenAIProvider(openai_client=client)))
+    harness.drive(agent, "run", settings_for("vllm", seed, max_retries=1))
     record = spec_decode_otel.record_from_json(chat_payload(harness.base_url, "vllm", seed, False))
     (span,) = otel.spans()
     check_record(span, record)

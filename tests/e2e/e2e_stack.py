@@ -37,6 +37,8 @@ from typing import Any
 import httpx
 import yaml
 
+from ports import free_ports
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "collector-config"
 SCRIPTS_DIR = REPO_ROOT / "scripts"
@@ -116,20 +118,6 @@ def find_prometheus() -> str:
 
 
 # --------------------------------------------------------------------------- ports
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1 (all bound at once, then freed)."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def port_open(port: int) -> bool:

@@ -22,7 +22,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
-from e2e_stack import ManagedProcess, StackError, child_env, free_ports, wait_until
+from e2e_stack import ManagedProcess, StackError, child_env, wait_until
+
+from ports import free_ports
 
 ENV_LLAMA_SERVER = "SPEC_DECODE_OTEL_LLAMA_SERVER"
 INSTALL_HINT = (

@@ -16,7 +16,6 @@ import os
 import re
 import shlex
 import site
-import socket
 import subprocess
 import sys
 import venv
@@ -29,6 +28,7 @@ from oteltap import OtelTapHttpProtobufReceiver, OtelTapHttpProtobufReceiverSett
 
 import spec_decode_otel
 from otlp_values import otlp_attributes
+from ports import free_port
 from spec_decode_otel.adapters import ParsedResponse, SpecDecodeAdapter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,12 +99,6 @@ def run_example(
 def fields(line: str) -> dict[str, str]:
     """``key=value`` pairs of one output line."""
     return dict(re.findall(r"(\w+)=(\S+)", line))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Receiver:

@@ -7,7 +7,6 @@ that both ask every gateway the same requests.
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import httpx
@@ -26,13 +25,6 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "llamacpp": ("llamacpp", {}),
     "smg": ("smg", {}),  # the usage pair (completion_tokens_details)
 }
-
-
-def free_port() -> int:
-    """A loopback port free now (for a gateway's listener or metrics endpoint)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def request_body(shape: str, api: str, stream: bool, extra: bool = True) -> dict[str, Any]:

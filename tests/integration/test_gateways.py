@@ -64,7 +64,6 @@ from gateway_cases import (
     SHAPES,
     api_path,
     comparable,
-    free_port,
     post,
     request_body,
     sdk_call,
@@ -78,6 +77,7 @@ from instrumentation_helpers import (
 )
 
 from installed import built_by
+from ports import free_port
 from simulator_process import SimulatorProcess
 from spec_decode_otel import record_from_json
 from spec_decode_otel.payloads import parse_payloads

@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -25,15 +24,10 @@ from typing import Any
 from oteltap import OtelTapHttpProtobufReceiver, OtelTapHttpProtobufReceiverSettings
 
 from otlp_values import otlp_attributes
+from ports import free_port
 
 HERE = Path(__file__).resolve().parent
 APP = HERE / "zero_code_app.py"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

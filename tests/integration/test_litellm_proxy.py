@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -45,6 +44,7 @@ from instrumentation_helpers import (
 )
 
 from installed import built_by
+from ports import free_port
 from spec_decode_otel import record_from_json
 from spec_decode_otel.payloads import parse_payloads
 
@@ -136,12 +136,6 @@ def proxy_config(simulator_url: str, key: str) -> dict[str, Any]:
         for engine in ENGINES
     ]
     return {"model_list": entries, "general_settings": {"master_key": key}}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

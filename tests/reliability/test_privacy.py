@@ -10,7 +10,6 @@ opt-in feature switched on, through the simulator subprocess, with errors and fa
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import openai
@@ -25,6 +24,7 @@ from oteltap import OtelTapHttpProtobufReceiver, OtelTapHttpProtobufReceiverSett
 from reliability_helpers import API_KEY, Otel, canary, canary_messages, instrumented
 
 import spec_decode_otel
+from ports import free_port
 from spec_decode_otel.telemetry import SCOPE_NAME, SD_ENGINE, SD_PER_STEP_ACCEPTED
 
 # The plugin module is registered by tests/conftest.py under this name; importing it under
@@ -64,16 +64,10 @@ def test_the_rules_leave_ordinary_values_alone(value: str) -> None:
     assert scan_text(value) == []
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_the_hooks_are_live() -> None:
     """A canary planted in our scope is caught on every path: span, metric, OTLP."""
     secret = canary()
-    port = _free_port()
+    port = free_port()
     async with OtelTapHttpProtobufReceiver(OtelTapHttpProtobufReceiverSettings(port)) as tap:
         # oteltap hands a message only to waiters already registered (it keeps none), and
         # the exports below are synchronous: wait first, or a message the poller delivers

@@ -511,6 +511,8 @@ def test_custom_adapter_installs_and_is_found(tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
     env = clean_env()
     env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env['PATH']}"
+    # The venv must use what it installed, not a working tree a developer put on the path.
+    env.pop("PYTHONPATH", None)
     python = venv_from_checkout(env_dir, EXAMPLES / "custom_adapter", env=env)
     # the project in that environment is the one just built from this checkout
     where = subprocess.run(

@@ -670,3 +670,81 @@ async def test_instrument_registers_the_callback_only_once_litellm_is_imported(
     lines = done.stdout.split()
     assert lines[:2] == ["not", "imported"]
     assert lines[2:] == (["1"] if installed == "present" else [])
+
+
+@pytest.mark.parametrize("provider", ["hosted_vllm", "openai"])
+async def test_a_text_stream_cut_by_the_server_as_the_proxy_reads_it_has_one_span(
+    provider: str, otel: Otel, simulator_url: str
+) -> None:
+    """A streamed text completion the server cuts mid-way, read as the LiteLLM 1.110.2
+    proxy reads it (first chunk in a task of its own, the rest in another; see
+    :func:`test_a_text_stream_read_as_the_proxy_reads_it_has_one_span`): one span, the
+    openai wrapper's, with error status; the user gets LiteLLM's error.
+
+    LiteLLM reports the failure without the stream's response id: ``CustomStreamWrapper``
+    (litellm/litellm_core_utils/streaming_handler.py, ``_dispatch_stream_failure``) hands
+    ``Logging.dispatch_attempt_failure_handlers`` only the exception, in a task created
+    from the reading task. What both sides see is that exception: LiteLLM's
+    ``kwargs["exception"]`` is the very error the SDK stream raised through the openai
+    wrapper (``openai.APIConnectionError``, from httpx's ``RemoteProtocolError``), or
+    one whose ``__cause__``/``__context__`` chain holds it. Before the fix the callback
+    gave the call a second span (and a second ``error`` count)."""
+    otel.instrument()
+    request = request_kwargs("vllm", "completions", True, seed_for("cut", provider))
+    request["extra_headers"]["x-sim-fault"] = "drop-mid-stream"
+    stream = await litellm.atext_completion(**litellm_kwargs(provider, request, simulator_url))
+    first = await asyncio.ensure_future(stream.__anext__())
+    assert first.choices
+
+    async def rest() -> BaseException | None:
+        try:
+            async for _ in stream:
+                pass
+        except Exception as error:
+            return error
+        return None
+
+    error = await asyncio.create_task(rest())
+    assert isinstance(error, litellm.APIConnectionError | litellm.InternalServerError), error
+    (span,) = await settled_spans(otel)
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.attributes["spec_decode.outcome"] == "error"
+    assert span.attributes["gen_ai.operation.name"] == "text_completion"
+    assert requests_by_outcome(otel) == {"error": 1}
+
+
+async def test_a_noted_stream_error_excuses_one_failed_call_to_its_server() -> None:
+    """How the callback tells a failure the openai wrapper recorded (see
+    :func:`test_a_text_stream_cut_by_the_server_as_the_proxy_reads_it_has_one_span`):
+    LiteLLM 1.110.2 raises its own exception from the SDK's (``raise ... from`` or inside
+    ``except``), so the noted error is looked for along ``__cause__``/``__context__``. It
+    excuses one call, to the same server; a chain that loops ends; nothing is kept while
+    no LiteLLM call is open."""
+    from spec_decode_otel.integrations import (
+        note_openai_stream_error,
+        set_open_litellm_calls,
+        took_openai_stream_error,
+    )
+
+    def raised_from(cause: BaseException) -> BaseException:
+        try:
+            raise RuntimeError("litellm's") from cause
+        except RuntimeError as error:
+            return error
+
+    sdk_error, unnoted = ConnectionError("cut"), ConnectionError("cut too")
+    note_openai_stream_error(unnoted, "127.0.0.1:1")  # no LiteLLM call open: not kept
+    set_open_litellm_calls(1)
+    try:
+        note_openai_stream_error(sdk_error, "127.0.0.1:1")
+    finally:
+        set_open_litellm_calls(0)
+    looped = RuntimeError("loop")
+    looped.__context__ = RuntimeError("back")
+    looped.__context__.__context__ = looped
+    assert not took_openai_stream_error(looped, "127.0.0.1:1")
+    assert not took_openai_stream_error(raised_from(unnoted), "127.0.0.1:1")
+    assert not took_openai_stream_error(raised_from(sdk_error), "127.0.0.1:2")
+    assert not took_openai_stream_error(None, "127.0.0.1:1")
+    assert took_openai_stream_error(raised_from(raised_from(sdk_error)), "127.0.0.1:1")
+    assert not took_openai_stream_error(sdk_error, "127.0.0.1:1")  # taken

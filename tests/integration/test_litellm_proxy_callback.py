@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 import yaml
 from instrumentation_helpers import MODEL, expected_outcome
@@ -49,6 +50,9 @@ from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "litellm_proxy"
 ROUTES = ("hosted_vllm", "openai")
+#: Transport faults some calls meet: the server cuts the stream, or sends it slowly (a
+#: client can leave mid-way).
+FAULTS = ("drop-mid-stream", "slow", "http-500")
 #: Shapes measured (each one's engine is in the proxy config): vLLM merged and pre-merge,
 #: SGLang, TensorRT-LLM (and its released mean-only form), llama.cpp, smg's usage pair.
 SHAPES = ("vllm", "vllm-premerge", "sglang", "trtllm", "trtllm-released", "llamacpp", "smg")
@@ -126,6 +130,23 @@ def example_config(simulator_url: str, key: str) -> dict[str, Any]:
         }
         for route, template in templates.items()
         for engine in ENGINES
+    ] + [
+        {
+            "model_name": f"{model_name(route, engine)}-{fault}",
+            "litellm_params": {
+                **template["litellm_params"],
+                "model": f"{route}/{MODEL}",
+                "api_base": simulator_url,
+                "extra_headers": {
+                    "x-spec-decode-engine": engine,
+                    "x-sim-seed": str(SEED),
+                    "x-sim-fault": fault,
+                },
+            },
+        }
+        for route, template in templates.items()
+        for engine in ("vllm", "sglang")
+        for fault in FAULTS
     ]
     config.setdefault("general_settings", {})["master_key"] = key
     return config
@@ -258,6 +279,60 @@ def test_two_text_streams_at_once_give_one_row_each(proxy: Proxy, simulator_url:
     ) == sorted(
         ({"outcome": expected_outcome(e), "record": as_recorded(e)} for e in engines), key=str
     )
+
+
+def send_and_read(proxy: Proxy, case: Case, fault: str, lines: int | None = None) -> int:
+    """One streamed call to the entry of ``case`` with ``fault``; reads ``lines`` lines of
+    the answer (all of them when None) and leaves; the number of lines read."""
+    body = {**case.body(), "model": f"{model_name(case.route, case.engine)}-{fault}"}
+    headers = {"authorization": f"Bearer {proxy.key}"}
+    read = 0
+    with httpx.stream(
+        "POST", proxy.base_url + case.path(), json=body, headers=headers, timeout=30
+    ) as response:
+        assert response.status_code == 200
+        for _ in response.iter_lines():
+            read += 1
+            if read == lines:
+                break
+    return read
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_stream_the_server_cuts_gives_one_error_row(route: str, api: str, proxy: Proxy) -> None:
+    """The engine cuts a stream mid-way (simulator fault ``drop-mid-stream``, after three
+    chunks) behind the real LiteLLM 1.110.2 proxy: one row, ``error``.
+
+    For a text completion (both routes) or an ``openai/`` chat call the openai wrapper
+    reads the stream inside the proxy and ends its span with the error; LiteLLM then
+    reports the call's failure to the callback without the stream's response id
+    (``CustomStreamWrapper._dispatch_stream_failure``,
+    litellm/litellm_core_utils/streaming_handler.py: only the exception, in a task
+    created from Starlette's response task, which shares no context variable with the
+    worker thread that started the call). Its exception is the SDK stream's error or
+    has it in its ``__cause__``/``__context__`` chain, which the wrapper noted. Before
+    that, a text completion gave a second row, the callback's ``error``."""
+    assert len(proxy.rows()) == proxy.given, "an earlier call gave more records"
+    send_and_read(proxy, Case(route, "vllm", api, True), "drop-mid-stream")
+    (row,) = proxy.wait(1)
+    time.sleep(1.0)  # a second row would come now
+    assert len(proxy.rows()) == proxy.given
+    assert (row["outcome"], row["record"]) == ("error", None)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_text_stream_the_client_leaves_gives_one_row(route: str, proxy: Proxy) -> None:
+    """The client reads a few lines of a slow streamed text completion (simulator fault
+    ``slow``) and hangs up: the proxy stops reading the engine's stream, and LiteLLM
+    1.110.2 reports no failure for it, so the one row is the openai wrapper's,
+    ``not_read_to_end``."""
+    assert len(proxy.rows()) == proxy.given, "an earlier call gave more records"
+    assert send_and_read(proxy, Case(route, "vllm", "completions", True), "slow", 4) == 4
+    (row,) = proxy.wait(1)
+    time.sleep(1.0)
+    assert len(proxy.rows()) == proxy.given
+    assert (row["outcome"], row["record"]) == ("not_read_to_end", None)
 
 
 def test_no_stray_record_and_no_internal_error(proxy: Proxy) -> None:

@@ -29,7 +29,7 @@ import wrapt
 from spec_decode_otel._logging import report_internal_error
 from spec_decode_otel.instrumentation import finalizer
 from spec_decode_otel.instrumentation.call import MAX_FINISH_REASONS, RESPONSES_FINISH_REASONS, Call
-from spec_decode_otel.integrations import note_openai_stream
+from spec_decode_otel.integrations import note_openai_stream, note_openai_stream_error
 from spec_decode_otel.record import MAX_CHOICES
 
 #: Chunks kept for detection: only those carrying something adapters read. "Last wins"
@@ -167,6 +167,8 @@ class StreamObserver:
 
     def on_error(self, error: BaseException) -> None:
         """Reading the stream raised ``error`` (re-raised to the user)."""
+        # A LiteLLM call whose failure this error causes is ours: see note_openai_stream.
+        note_openai_stream_error(error, self.call.plan.server)
         self._finish(read_to_end=False, error=error)
 
     def on_stop(self) -> None:

@@ -30,6 +30,12 @@ holds what the instrumentor needs whether LiteLLM is installed or not.
   response carries an id and server noted after the call started, and takes the note, so
   one SDK stream excuses one call (:func:`took_openai_stream`). The wrapper reads the
   stream, so notes its first chunk, before LiteLLM's reader of it can reach its end.
+  A stream that fails mid-way (the server cuts it) has no response for LiteLLM to report:
+  its failure event carries only the exception. That exception is the one the SDK stream
+  raised through the wrapper, or has it in its ``__cause__``/``__context__`` chain, so
+  the wrapper notes the error it saw (:func:`note_openai_stream_error`) and the callback
+  skips a failed call whose exception chain holds a noted one
+  (:func:`took_openai_stream_error`).
 """
 
 from __future__ import annotations
@@ -138,6 +144,44 @@ def took_openai_stream(response_id: Any, server: str, since: int) -> bool:
         return True
 
 
+#: Errors of SDK streams noted and not yet taken, kept at most. Each keeps its exception
+#: (so its traceback) alive until taken or pushed out: fewer than the streams.
+MAX_STREAM_ERRORS = 256
+#: Longest ``__cause__``/``__context__`` chain followed from LiteLLM's exception.
+MAX_CHAIN = 16
+#: id(error) → (the error, ``host:port``): the error itself is kept so that its id is
+#: never another object's while noted.
+_stream_errors: OrderedDict[int, tuple[BaseException, str]] = OrderedDict()
+
+
+def note_openai_stream_error(error: BaseException, server: str) -> None:
+    """Called by the openai wrapper when reading an SDK stream raised ``error`` (before
+    the error reaches whoever reads the stream); kept while a LiteLLM call is open."""
+    if not _open_litellm_calls:
+        return
+    with _streams_lock:
+        _stream_errors[id(error)] = (error, server)
+        _stream_errors.move_to_end(id(error))
+        if len(_stream_errors) > MAX_STREAM_ERRORS:
+            _stream_errors.popitem(last=False)
+
+
+def took_openai_stream_error(error: Any, server: str) -> bool:
+    """True when ``error``, or an exception in its cause/context chain, is one the
+    wrapper noted from an SDK stream to this server: the wrapper recorded the failed
+    call. The note is taken, so it excuses one call."""
+    seen: set[int] = set()
+    while isinstance(error, BaseException) and id(error) not in seen and len(seen) < MAX_CHAIN:
+        seen.add(id(error))
+        with _streams_lock:
+            noted = _stream_errors.get(id(error))
+            if noted is not None and noted[0] is error and noted[1] == server:
+                del _stream_errors[id(error)]
+                return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 # -- registering the LiteLLM callback --------------------------------------------------
 
 _lock = threading.Lock()
@@ -210,8 +254,10 @@ __all__ = [
     "last_sdk_request",
     "note_openai_request",
     "note_openai_stream",
+    "note_openai_stream_error",
     "set_open_litellm_calls",
     "took_openai_stream",
+    "took_openai_stream_error",
     "unwatch_litellm",
     "watch_litellm",
 ]

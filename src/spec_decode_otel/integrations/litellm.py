@@ -67,6 +67,7 @@ from spec_decode_otel.integrations import (
     last_sdk_request,
     set_open_litellm_calls,
     took_openai_stream,
+    took_openai_stream_error,
 )
 
 #: LiteLLM call types → GenAI operation names. Other calls (embeddings, ...) are not ours.
@@ -326,7 +327,9 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
                 return  # already recorded, or never started here
             streamed = not failed and kwargs.get("stream") is True
             # Both are read: a stream's note is taken even when the mark already tells.
-            noted = streamed and _wrapper_streamed(kwargs, response, started.mark.started)
+            noted = (streamed and _wrapper_streamed(kwargs, response, started.mark.started)) or (
+                failed and _wrapper_stream_failed(kwargs)
+            )
             if started.mark.went_through_sdk() or noted:
                 return  # the openai wrapper's
             started.mark.decided = True
@@ -528,6 +531,14 @@ def _wrapper_streamed(kwargs: Mapping[str, Any], response: Any, since: int) -> b
     server's chunks, and the wrapper noted a stream with that id from the same server."""
     host, port = _server(kwargs)
     return took_openai_stream(getattr(response, "id", None), f"{host}:{port}", since)
+
+
+def _wrapper_stream_failed(kwargs: Mapping[str, Any]) -> bool:
+    """The openai wrapper recorded this failure: LiteLLM's exception is (or was caused
+    by) the error an SDK stream to the same server raised through the wrapper. LiteLLM
+    reports a stream's failure without its response id, so the id cannot tell."""
+    host, port = _server(kwargs)
+    return took_openai_stream_error(kwargs.get("exception"), f"{host}:{port}")
 
 
 def _nanoseconds(moment: Any) -> int | None:

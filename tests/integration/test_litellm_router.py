@@ -19,6 +19,7 @@ a new attempt, not a repeat report of the old one.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,7 @@ from instrumentation_helpers import (
     spec_decode_attributes,
 )
 from litellm import Router
+from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, StatusCode
 from test_litellm import (  # noqa: F401  # the fixtures are used by name
     collect_litellm_leaks,
@@ -348,3 +350,95 @@ async def test_callback_alone_records_the_answer_of_a_call_that_fell_back(
     assert record is not None and record.engine == "sglang"
     check_answer_span(spans[1], healthy, record)
     assert counted(otel) == {("error", port(failing)): 1, ("recorded", port(healthy)): 1}
+
+
+# -- litellm.completion(fallbacks=...): LiteLLM's own fallbacks, without a Router ---------
+
+
+def fallback_kwargs(provider: str, first: str, second: str, seed: str) -> dict[str, Any]:
+    """``litellm.completion`` to a failing vLLM-shaped server (500), falling back to an
+    SGLang-shaped one: each fallback is a dict of its own ``litellm_params``."""
+    failing = deployment("-", provider, first, "vllm", 71, fault="http-500")["litellm_params"]
+    healthy = deployment("-", provider, second, "sglang", 72)["litellm_params"]
+    return {
+        **failing,
+        "messages": MESSAGES,
+        "num_retries": 0,
+        "litellm_call_id": f"req-fallbacks-{seed}",
+        "fallbacks": [healthy],
+    }
+
+
+#: LiteLLM 1.110.2 leaves its logging worker's task on the loop it closes, and says so
+#: when the task is collected.
+@pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <coroutine object LoggingWorker._worker_loop"
+    ":pytest.PytestUnraisableExceptionWarning"
+)
+@pytest.mark.parametrize("thread", ["caller", "worker"])
+@pytest.mark.parametrize("provider", ["hosted_vllm", "openai"])
+async def test_sync_completion_with_fallbacks_records_each_attempt_when_it_happens(
+    provider: str, thread: str, otel: Otel, simulator_url: str, second_url: str
+) -> None:
+    """``litellm.completion(..., fallbacks=[...])`` (litellm 1.110.2) runs each attempt as
+    ``litellm.acompletion`` on an event loop made for the call and closed when it
+    returns (``completion_with_fallbacks``, litellm_core_utils/fallback_utils.py, through
+    ``run_async_function``, asyncify.py: in a worker thread when the caller's thread
+    runs a loop, else in the caller's). A failed attempt's failure event comes inline;
+    the answering attempt's success event is only queued on LiteLLM's logging worker
+    (``_client_async_logging_helper``, utils.py), which that loop never gets to run, and
+    no sync success event comes (``Logging._success_handler_body``,
+    litellm_core_utils/litellm_logging.py, skips a ``CustomLogger``'s sync hook once the
+    shared logging object says ``acompletion``). The queued event runs only when LiteLLM
+    next runs a loop (``LoggingWorker._ensure_queue`` carries it over,
+    litellm_core_utils/logging_worker.py) or at exit (``_flush_on_exit``).
+
+    So the answer's record (LiteLLM's own handler: the callback's) came whenever the
+    application next made an async LiteLLM call, or at exit, or never. The callback now
+    records such an attempt when LiteLLM logs its response (``log_post_api_call``, in
+    the attempt's loop, with the body), and the late event finds it recorded. Either
+    way: two spans by the time the call returns, the failed attempt's and the answer's,
+    and none more when the queued event finally runs."""
+    otel.instrument()
+    kwargs = fallback_kwargs(provider, simulator_url, second_url, f"{provider}-{thread}")
+    with otel.tracer.start_as_current_span("agent step") as parent:
+        if thread == "caller":  # the test's loop runs here: LiteLLM uses a worker thread
+            response = litellm.completion(**kwargs)
+        else:  # no loop in this thread: LiteLLM makes one here
+            context = otel_context.get_current()
+
+            def in_worker() -> Any:
+                token = otel_context.attach(context)
+                try:
+                    return litellm.completion(**kwargs)
+                finally:
+                    otel_context.detach(token)
+
+            response = await asyncio.to_thread(in_worker)
+    assert response.choices[0].message.content
+
+    spans = sorted(await settled_spans(otel, 2), key=lambda s: s.start_time)
+    assert len(spans) == 2, [dict(s.attributes) for s in spans]
+    failing = {"litellm_params": {"api_base": simulator_url}}
+    healthy = {"litellm_params": {**kwargs["fallbacks"][0]}}
+    check_failed_span(spans[0], failing, "InternalServerError")
+    record = expected_record(healthy, False)
+    assert record is not None and record.engine == "sglang"
+    check_answer_span(spans[1], healthy, record)
+    assert spans[0].end_time <= spans[1].start_time
+    for span in spans:
+        if thread == "caller":
+            # run_async_function's worker thread starts without the caller's context
+            # (``executor.submit(run_in_new_loop)``): LiteLLM loses the parent for us.
+            assert span.parent is None
+        else:
+            assert span.parent is not None
+            assert span.parent.span_id == parent.get_span_context().span_id
+    assert counted(otel) == {("error", port(failing)): 1, ("recorded", port(healthy)): 1}
+
+    # LiteLLM's next loop runs the queued success event: it must not give a third span.
+    later = deployment("-", provider, second_url, "sglang", 73)["litellm_params"]
+    await litellm.acompletion(**later, messages=MESSAGES)
+    spans = await settled_spans(otel, 3)
+    assert len(spans) == 3
+    assert counted(otel) == {("error", port(failing)): 1, ("recorded", port(healthy)): 2}

@@ -284,6 +284,10 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         started by now, unless the request is deferred (a coroutine or a generator that
         sends it later), so a later SDK request in this context is another call's.
 
+        An attempt whose success event would come late (see
+        :func:`_success_event_comes_late`) is recorded here, from the body LiteLLM
+        logged, and ends now; the late event then finds it recorded.
+
         LiteLLM logs the response in the context the SDK request ran in, so an SDK
         request noted here after the call started is this call's. The proxy needs this:
         it starts a text completion in a worker thread (where the call's mark is set),
@@ -303,6 +307,10 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             if last_sdk_request.get() > started.mark.started:
                 started.mark.via_sdk = True
             started.mark.decided = True
+            if _success_event_comes_late(kwargs) and _answered(original):
+                stamp = _attempt_start(kwargs)
+                now = datetime.now(stamp.tzinfo) if stamp is not None else None
+                self._ended(kwargs, None, stamp, now)
 
     # -- call end -----------------------------------------------------------------------
 
@@ -539,6 +547,48 @@ def _wrapper_stream_failed(kwargs: Mapping[str, Any]) -> bool:
     reports a stream's failure without its response id, so the id cannot tell."""
     host, port = _server(kwargs)
     return took_openai_stream_error(kwargs.get("exception"), f"{host}:{port}")
+
+
+#: LiteLLM's sync call types, and the flags its async ones set in ``litellm_params``.
+_SYNC_CALLS = frozenset({"completion", "text_completion"})
+_ASYNC_FLAGS = ("acompletion", "atext_completion")
+
+
+def _success_event_comes_late(kwargs: Mapping[str, Any]) -> bool:
+    """A non-streamed attempt of a sync ``litellm.completion(..., fallbacks=[...])``.
+
+    LiteLLM runs each such attempt as ``acompletion`` on an event loop it makes for the
+    call and closes when the call returns (``completion_with_fallbacks``,
+    litellm_core_utils/fallback_utils.py; ``run_async_function``, asyncify.py). The
+    attempts share the sync call's logging object, so they report the sync call type
+    with the async flag set. The answer's success event is queued for LiteLLM's logging
+    worker on that loop, which never runs it: it runs when LiteLLM next runs a loop, or
+    at exit, or never; and the sync success event skips callbacks of an async request.
+    """
+    if kwargs.get("call_type") not in _SYNC_CALLS or kwargs.get("stream") is True:
+        return False
+    params = kwargs.get("litellm_params")
+    return isinstance(params, Mapping) and any(params.get(f) is True for f in _ASYNC_FLAGS)
+
+
+def _answered(original: Any) -> bool:
+    """LiteLLM logged an answer (the body's JSON text, or the SDK's object), not an error."""
+    if isinstance(original, str):
+        try:
+            body = json.loads(original)
+        except (ValueError, RecursionError):
+            return False
+        return isinstance(body, Mapping) and isinstance(body.get("choices"), list)
+    return hasattr(original, "choices") and hasattr(original, "model_extra")
+
+
+def _attempt_start(kwargs: Mapping[str, Any]) -> datetime | None:
+    """When this attempt's request began (the call's start is the first attempt's)."""
+    for name in ("current_attempt_api_call_start_time", "api_call_start_time", "start_time"):
+        stamp = kwargs.get(name)
+        if isinstance(stamp, datetime):
+            return stamp
+    return None
 
 
 def _nanoseconds(moment: Any) -> int | None:

@@ -32,19 +32,22 @@ holds what the instrumentor needs whether LiteLLM is installed or not.
   stream, so notes its first chunk, before LiteLLM's reader of it can reach its end.
   A stream that fails mid-way (the server cuts it) has no response for LiteLLM to report:
   its failure event carries only the exception. That exception is the one the SDK stream
-  raised through the wrapper, or has it in its ``__cause__``/``__context__`` chain, so
-  the wrapper notes the error it saw (:func:`note_openai_stream_error`) and the callback
-  skips a failed call whose exception chain holds a noted one
-  (:func:`took_openai_stream_error`).
+  raised through the wrapper, or has it in its ``__cause__``/``__context__`` chain, and
+  the ``httpx`` error in that chain names the stream's HTTP request; so the wrapper notes
+  the failed request (:func:`note_openai_stream_error`, weakly) and the callback skips a
+  failed call whose exception chain names a noted one (:func:`took_openai_stream_error`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import importlib.util
 import itertools
 import threading
+import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import wrapt
@@ -144,14 +147,32 @@ def took_openai_stream(response_id: Any, server: str, since: int) -> bool:
         return True
 
 
-#: Errors of SDK streams noted and not yet taken, kept at most. Each keeps its exception
-#: (so its traceback) alive until taken or pushed out: fewer than the streams.
-MAX_STREAM_ERRORS = 256
-#: Longest ``__cause__``/``__context__`` chain followed from LiteLLM's exception.
+#: Longest ``__cause__``/``__context__`` chain followed from an exception.
 MAX_CHAIN = 16
-#: id(error) → (the error, ``host:port``): the error itself is kept so that its id is
-#: never another object's while noted.
-_stream_errors: OrderedDict[int, tuple[BaseException, str]] = OrderedDict()
+#: The HTTP requests of SDK streams that failed, each with its ``host:port``. An error
+#: cannot be weakly referenced, and holding it would hold its traceback's frames (and the
+#: connection they hold) until taken; the request it names can be, so a note lasts only
+#: as long as something (LiteLLM's exception, say) still holds the failed request.
+_failed_requests: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def _chain(error: Any) -> Iterator[BaseException]:
+    """``error`` and its ``__cause__``/``__context__`` chain (loops end, at most
+    ``MAX_CHAIN``)."""
+    seen: set[int] = set()
+    while isinstance(error, BaseException) and id(error) not in seen and len(seen) < MAX_CHAIN:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _request_of(error: BaseException) -> Any:
+    """The HTTP request an ``httpx``/``httpx2`` or ``openai`` error names, if any (httpx
+    raises when its error was made without one)."""
+    try:
+        return getattr(error, "request", None)
+    except Exception:
+        return None
 
 
 def note_openai_stream_error(error: BaseException, server: str) -> None:
@@ -160,25 +181,27 @@ def note_openai_stream_error(error: BaseException, server: str) -> None:
     if not _open_litellm_calls:
         return
     with _streams_lock:
-        _stream_errors[id(error)] = (error, server)
-        _stream_errors.move_to_end(id(error))
-        if len(_stream_errors) > MAX_STREAM_ERRORS:
-            _stream_errors.popitem(last=False)
+        for link in _chain(error):
+            request = _request_of(link)
+            if request is not None:
+                with contextlib.suppress(TypeError):  # not weakly referenceable
+                    _failed_requests[request] = server
 
 
 def took_openai_stream_error(error: Any, server: str) -> bool:
-    """True when ``error``, or an exception in its cause/context chain, is one the
-    wrapper noted from an SDK stream to this server: the wrapper recorded the failed
-    call. The note is taken, so it excuses one call."""
-    seen: set[int] = set()
-    while isinstance(error, BaseException) and id(error) not in seen and len(seen) < MAX_CHAIN:
-        seen.add(id(error))
-        with _streams_lock:
-            noted = _stream_errors.get(id(error))
-            if noted is not None and noted[0] is error and noted[1] == server:
-                del _stream_errors[id(error)]
+    """True when ``error``, or an exception in its cause/context chain, names the request
+    of an SDK stream to this server that failed through the wrapper: the wrapper recorded
+    the failed call. The note is taken, so it excuses one call."""
+    with _streams_lock:
+        for link in _chain(error):
+            request = _request_of(link)
+            try:
+                noted = request is not None and _failed_requests.get(request) == server
+            except TypeError:  # not weakly referenceable: never noted
+                noted = False
+            if noted:
+                del _failed_requests[request]
                 return True
-        error = error.__cause__ or error.__context__
     return False
 
 

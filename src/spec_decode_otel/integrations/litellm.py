@@ -37,14 +37,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 import wrapt
 from litellm.integrations.custom_logger import CustomLogger
@@ -69,6 +67,7 @@ from spec_decode_otel.integrations import (
     took_openai_stream,
     took_openai_stream_error,
 )
+from spec_decode_otel.integrations import _litellm_kwargs as wire
 
 #: LiteLLM call types → GenAI operation names. Other calls (embeddings, ...) are not ours.
 OPERATIONS: Mapping[str, str] = {
@@ -79,10 +78,6 @@ OPERATIONS: Mapping[str, str] = {
 }
 #: Calls started but not yet reported ended, and calls already recorded, kept at most.
 MAX_CALLS = 4096
-#: Request fields that are content (never read, never kept).
-_CONTENT = frozenset({"messages", "prompt"})
-#: Choice fields that are content (never read) or that the choice view sets itself.
-_NOT_STATS = frozenset({"text", "message", "delta", "logprobs", "index", "finish_reason"})
 
 
 @dataclass
@@ -101,29 +96,6 @@ class _Started:
     sequences: int
 
 
-#: One attempt of a LiteLLM call: its call id, and when that attempt's request began.
-_Key = tuple[str, str]
-
-
-def _attempt(kwargs: Mapping[str, Any]) -> _Key | None:
-    """The attempt LiteLLM reports on, or None when it carries no call id.
-
-    One call id can cover several attempts: LiteLLM's Router retries and falls back with
-    one ``litellm.completion`` per attempt, and the LiteLLM proxy (or any caller passing
-    ``litellm_call_id``) gives them all the request's id. LiteLLM stamps each attempt's
-    start (``current_attempt_api_call_start_time``, before it ``api_call_start_time``)
-    in the details it hands every hook of that attempt.
-    """
-    call_id = kwargs.get("litellm_call_id")
-    if not isinstance(call_id, str):
-        return None
-    for name in ("current_attempt_api_call_start_time", "api_call_start_time"):
-        stamp = kwargs.get(name)
-        if isinstance(stamp, datetime):
-            return call_id, stamp.isoformat()
-    return call_id, ""
-
-
 class _Calls:
     """Attempts started and not yet ended, and attempts already ended.
 
@@ -133,11 +105,11 @@ class _Calls:
     """
 
     def __init__(self) -> None:
-        self._started: OrderedDict[_Key, _Started] = OrderedDict()
-        self._ended: OrderedDict[_Key, None] = OrderedDict()
+        self._started: OrderedDict[wire.Key, _Started] = OrderedDict()
+        self._ended: OrderedDict[wire.Key, None] = OrderedDict()
         self._lock = fork_safe_lock()
 
-    def start(self, call_id: _Key, make: Any) -> _Started:
+    def start(self, call_id: wire.Key, make: Any) -> _Started:
         """The attempt's start, made now unless it already started.
 
         A start of an attempt already ended is a new one under the same key (a LiteLLM
@@ -154,11 +126,11 @@ class _Calls:
                 set_open_litellm_calls(len(self._started))
             return started
 
-    def get(self, call_id: _Key) -> _Started | None:
+    def get(self, call_id: wire.Key) -> _Started | None:
         with self._lock:
             return self._started.get(call_id)
 
-    def end(self, call_id: _Key) -> _Started | None:
+    def end(self, call_id: wire.Key) -> _Started | None:
         """The attempt's start, the first time it is ended; None after (or if never seen)."""
         with self._lock:
             if call_id in self._ended:
@@ -257,7 +229,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         For a sync call LiteLLM runs this in the caller's thread, where any openai SDK
         request of the call is made too (even a stream's, made when it is first read).
         """
-        call_id = _attempt(kwargs)
+        call_id = wire.attempt(kwargs)
         if not self._enabled or call_id is None or not is_instrumentation_enabled():
             return  # a call inside suppress_instrumentation() is never started, so never ends
         if kwargs.get("call_type") not in OPERATIONS:
@@ -273,7 +245,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
                 SdkMark(),
                 otel_context.get_current(),
                 current_attributes(),
-                None if body is None else {k: v for k, v in body.items() if k not in _CONTENT},
+                None if body is None else {k: v for k, v in body.items() if k not in wire.CONTENT},
                 _requested_sequences(body or {}),
             )
 
@@ -285,15 +257,15 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         sends it later), so a later SDK request in this context is another call's.
 
         An attempt whose success event would come late (see
-        :func:`_success_event_comes_late`) is recorded here, from the body LiteLLM
-        logged, and ends now; the late event then finds it recorded.
+        :func:`._litellm_kwargs.success_event_comes_late`) is recorded here, from the body
+        LiteLLM logged, and ends now; the late event then finds it recorded.
 
         LiteLLM logs the response in the context the SDK request ran in, so an SDK
         request noted here after the call started is this call's. The proxy needs this:
         it starts a text completion in a worker thread (where the call's mark is set),
         sends it from the request's task, and reports its end from a context that saw
         neither."""
-        call_id = _attempt(kwargs)
+        call_id = wire.attempt(kwargs)
         started = None if call_id is None else _calls.get(call_id)
         if started is None:
             return
@@ -307,8 +279,8 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             if last_sdk_request.get() > started.mark.started:
                 started.mark.via_sdk = True
             started.mark.decided = True
-            if _success_event_comes_late(kwargs) and _answered(original):
-                stamp = _attempt_start(kwargs)
+            if wire.success_event_comes_late(kwargs) and wire.logged_body(original) is not None:
+                stamp = wire.attempt_start(kwargs)
                 now = datetime.now(stamp.tzinfo) if stamp is not None else None
                 self._ended(kwargs, None, stamp, now)
 
@@ -326,7 +298,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         try:
             if not self._enabled or not isinstance(kwargs, Mapping):
                 return
-            call_id = _attempt(kwargs)
+            call_id = wire.attempt(kwargs)
             operation = OPERATIONS.get(kwargs.get("call_type"))  # type: ignore[arg-type]
             if call_id is None or operation is None or kwargs.get("cache_hit") is True:
                 return
@@ -356,12 +328,12 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         failed: bool,
     ) -> None:
         streaming = kwargs.get("stream") is True
-        include_usage = _include_usage(kwargs)
+        include_usage = wire.include_usage(kwargs)
         call = Call(
             self._plan(kwargs, operation, started, start_time, end_time, streaming, include_usage)
         )
         # The call began when LiteLLM's did, not now: durations count from there.
-        elapsed = _seconds(start_time, end_time)
+        elapsed = wire.seconds(start_time, end_time)
         if elapsed is not None:
             call.started = time.perf_counter() - elapsed
         if failed:
@@ -369,7 +341,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             call.finish_error(error if isinstance(error, BaseException) else RuntimeError("failed"))
             return
         if not streaming:
-            body = _kept_body(kwargs, response)
+            body = wire.kept_body(kwargs, response)
             if isinstance(body, Mapping):
                 call.finish_dict(body)
             else:
@@ -381,8 +353,8 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             "spec-decode stats: these calls get no record. Stream through the openai/ "
             "provider (with api_base) under SpecDecodeInstrumentor, or do not stream.",
         )
-        view = _SdkShaped.of(response, keep_usage=include_usage)
-        first = _seconds(start_time, kwargs.get("completion_start_time"))
+        view = wire.SdkShaped.of(response, keep_usage=include_usage)
+        first = wire.seconds(start_time, kwargs.get("completion_start_time"))
         call.finish_stream(
             [view],
             response_model=view.model if isinstance(view.model, str) else None,
@@ -409,18 +381,18 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         plan = self._instrumentation.plan(
             operation,
             model=kwargs.get("model"),
-            server=_server(kwargs),
+            server=wire.server(kwargs),
             user=started.user,
             parent=started.context,
             requested_sequences=started.sequences,
             request=started.request,
             streaming=streaming,
             include_usage=include_usage,
-            start_time=_nanoseconds(start_time),
+            start_time=wire.nanoseconds(start_time),
         )
         if not plan.own_span:
             return plan
-        ends_at: Any = _EndsAt(plan.span, _nanoseconds(end_time))
+        ends_at: Any = _EndsAt(plan.span, wire.nanoseconds(end_time))
         return dataclasses.replace(plan, span=ends_at)
 
 
@@ -435,109 +407,10 @@ class _EndsAt(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from wrap
         self.__wrapped__.end(end_time=end_time or self._self_end_time)
 
 
-@dataclass(frozen=True)
-class _Choice:
-    index: int
-    finish_reason: Any
-    model_extra: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class _SdkShaped:
-    """A LiteLLM response seen as the openai SDK shapes one: what ``ParsedResponse``'s
-    SDK view and ``Call`` read (``model``, ``choices``, ``usage``, ``model_extra``),
-    without the content."""
-
-    model: Any
-    choices: tuple[_Choice, ...]
-    usage: Any
-    model_extra: Mapping[str, Any]
-
-    @classmethod
-    def of(cls, response: Any, *, keep_usage: bool) -> _SdkShaped:
-        root = getattr(response, "model_extra", None) or {}
-        choices = []
-        for position, choice in enumerate(getattr(response, "choices", None) or ()):
-            fields = {
-                k: v
-                for k, v in (getattr(choice, "model_extra", None) or {}).items()
-                if k not in _NOT_STATS
-            }
-            moved = getattr(choice, "provider_specific_fields", None)
-            if isinstance(moved, Mapping) and moved:
-                fields["provider_specific_fields"] = moved  # the choice view folds them back
-            reason = (
-                (moved or {}).get("native_finish_reason") if isinstance(moved, Mapping) else None
-            )
-            index = getattr(choice, "index", position)
-            choices.append(
-                _Choice(
-                    index if type(index) is int else position,
-                    reason if isinstance(reason, str) else getattr(choice, "finish_reason", None),
-                    fields,
-                )
-            )
-        return cls(
-            getattr(response, "model", None),
-            tuple(choices),
-            getattr(response, "usage", None) if keep_usage else None,
-            {k: v for k, v in root.items() if k not in ("usage", "choices")},
-        )
-
-
-def _kept_body(kwargs: Mapping[str, Any], response: Any) -> Mapping[str, Any] | _SdkShaped:
-    """The closest thing to the server's body that LiteLLM kept for a non-streaming call.
-
-    LiteLLM's ``original_response`` is the body's JSON text (its own handler, and the
-    SDK's parsed body re-serialized), or the SDK's ``Completion``; both keep every field
-    the server sent. Its own response object can lose some: a text completion LiteLLM
-    answered through the chat endpoint comes back without the chat body's root fields.
-    """
-    original = kwargs.get("original_response")
-    if isinstance(original, str):
-        try:
-            body = json.loads(original)
-        except (ValueError, RecursionError):
-            body = None
-        if isinstance(body, Mapping) and isinstance(body.get("choices"), list):
-            return body
-    elif hasattr(original, "choices") and hasattr(original, "model_extra"):
-        return _SdkShaped.of(original, keep_usage=True)
-    return _SdkShaped.of(response, keep_usage=True)
-
-
-def _include_usage(kwargs: Mapping[str, Any]) -> bool:
-    """The stream asked for the server's usage chunk (else LiteLLM estimates usage, which
-    the openai wrapper would not report)."""
-    for options in (
-        kwargs.get("stream_options"),
-        (kwargs.get("optional_params") or {}).get("stream_options"),
-    ):
-        if isinstance(options, Mapping) and options.get("include_usage") is True:
-            return True
-    return False
-
-
-def _server(kwargs: Mapping[str, Any]) -> tuple[str | None, int | None]:
-    """Host and port of the endpoint LiteLLM called."""
-    params = kwargs.get("litellm_params")
-    base = params.get("api_base") if isinstance(params, Mapping) else None
-    if not isinstance(base, str) or not base:
-        return None, None
-    parts = urlsplit(base)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if port is None:
-        port = {"https": 443, "http": 80}.get(parts.scheme)
-    return parts.hostname or None, port
-
-
 def _wrapper_streamed(kwargs: Mapping[str, Any], response: Any, since: int) -> bool:
     """The openai wrapper read this stream: LiteLLM's response carries the id of the
     server's chunks, and the wrapper noted a stream with that id from the same server."""
-    host, port = _server(kwargs)
+    host, port = wire.server(kwargs)
     return took_openai_stream(getattr(response, "id", None), f"{host}:{port}", since)
 
 
@@ -545,60 +418,8 @@ def _wrapper_stream_failed(kwargs: Mapping[str, Any]) -> bool:
     """The openai wrapper recorded this failure: LiteLLM's exception is (or was caused
     by) the error an SDK stream to the same server raised through the wrapper. LiteLLM
     reports a stream's failure without its response id, so the id cannot tell."""
-    host, port = _server(kwargs)
+    host, port = wire.server(kwargs)
     return took_openai_stream_error(kwargs.get("exception"), f"{host}:{port}")
-
-
-#: LiteLLM's sync call types, and the flags its async ones set in ``litellm_params``.
-_SYNC_CALLS = frozenset({"completion", "text_completion"})
-_ASYNC_FLAGS = ("acompletion", "atext_completion")
-
-
-def _success_event_comes_late(kwargs: Mapping[str, Any]) -> bool:
-    """A non-streamed attempt of a sync ``litellm.completion(..., fallbacks=[...])``.
-
-    LiteLLM runs each such attempt as ``acompletion`` on an event loop it makes for the
-    call and closes when the call returns (``completion_with_fallbacks``,
-    litellm_core_utils/fallback_utils.py; ``run_async_function``, asyncify.py). The
-    attempts share the sync call's logging object, so they report the sync call type
-    with the async flag set. The answer's success event is queued for LiteLLM's logging
-    worker on that loop, which never runs it: it runs when LiteLLM next runs a loop, or
-    at exit, or never; and the sync success event skips callbacks of an async request.
-    """
-    if kwargs.get("call_type") not in _SYNC_CALLS or kwargs.get("stream") is True:
-        return False
-    params = kwargs.get("litellm_params")
-    return isinstance(params, Mapping) and any(params.get(f) is True for f in _ASYNC_FLAGS)
-
-
-def _answered(original: Any) -> bool:
-    """LiteLLM logged an answer (the body's JSON text, or the SDK's object), not an error."""
-    if isinstance(original, str):
-        try:
-            body = json.loads(original)
-        except (ValueError, RecursionError):
-            return False
-        return isinstance(body, Mapping) and isinstance(body.get("choices"), list)
-    return hasattr(original, "choices") and hasattr(original, "model_extra")
-
-
-def _attempt_start(kwargs: Mapping[str, Any]) -> datetime | None:
-    """When this attempt's request began (the call's start is the first attempt's)."""
-    for name in ("current_attempt_api_call_start_time", "api_call_start_time", "start_time"):
-        stamp = kwargs.get(name)
-        if isinstance(stamp, datetime):
-            return stamp
-    return None
-
-
-def _nanoseconds(moment: Any) -> int | None:
-    return int(moment.timestamp() * 1e9) if isinstance(moment, datetime) else None
-
-
-def _seconds(start: Any, end: Any) -> float | None:
-    if isinstance(start, datetime) and isinstance(end, datetime):
-        return max((end - start).total_seconds(), 0.0)
-    return None
 
 
 __all__ = ["SpecDecodeLiteLLMCallback"]

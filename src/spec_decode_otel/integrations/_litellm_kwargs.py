@@ -1,0 +1,189 @@
+"""Reading what LiteLLM hands a callback: which attempt it reports on, the endpoint it
+called, the body it kept (in the shape the openai SDK gives), and its timestamps.
+
+Everything here reads the ``kwargs`` / response of one LiteLLM callback hook and nothing
+else; :mod:`.litellm` decides what to record from it. LiteLLM passes these as loosely
+typed dicts that differ by route and release, so every reader returns None (or the
+empty answer) for what it does not recognise.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+#: Request fields that are content (never read, never kept).
+CONTENT = frozenset({"messages", "prompt"})
+#: Choice fields that are content (never read) or that the choice view sets itself.
+_NOT_STATS = frozenset({"text", "message", "delta", "logprobs", "index", "finish_reason"})
+
+
+#: One attempt of a LiteLLM call: its call id, and when that attempt's request began.
+Key = tuple[str, str]
+
+
+def attempt(kwargs: Mapping[str, Any]) -> Key | None:
+    """The attempt LiteLLM reports on, or None when it carries no call id.
+
+    One call id can cover several attempts: LiteLLM's Router retries and falls back with
+    one ``litellm.completion`` per attempt, and the LiteLLM proxy (or any caller passing
+    ``litellm_call_id``) gives them all the request's id. LiteLLM stamps each attempt's
+    start (``current_attempt_api_call_start_time``, before it ``api_call_start_time``)
+    in the details it hands every hook of that attempt.
+    """
+    call_id = kwargs.get("litellm_call_id")
+    if not isinstance(call_id, str):
+        return None
+    for name in ("current_attempt_api_call_start_time", "api_call_start_time"):
+        stamp = kwargs.get(name)
+        if isinstance(stamp, datetime):
+            return call_id, stamp.isoformat()
+    return call_id, ""
+
+
+@dataclass(frozen=True)
+class _Choice:
+    index: int
+    finish_reason: Any
+    model_extra: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SdkShaped:
+    """A LiteLLM response seen as the openai SDK shapes one: what ``ParsedResponse``'s
+    SDK view and ``Call`` read (``model``, ``choices``, ``usage``, ``model_extra``),
+    without the content."""
+
+    model: Any
+    choices: tuple[_Choice, ...]
+    usage: Any
+    model_extra: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, response: Any, *, keep_usage: bool) -> SdkShaped:
+        root = getattr(response, "model_extra", None) or {}
+        choices = []
+        for position, choice in enumerate(getattr(response, "choices", None) or ()):
+            fields = {
+                k: v
+                for k, v in (getattr(choice, "model_extra", None) or {}).items()
+                if k not in _NOT_STATS
+            }
+            moved = getattr(choice, "provider_specific_fields", None)
+            if isinstance(moved, Mapping) and moved:
+                fields["provider_specific_fields"] = moved  # the choice view folds them back
+            reason = (
+                (moved or {}).get("native_finish_reason") if isinstance(moved, Mapping) else None
+            )
+            index = getattr(choice, "index", position)
+            choices.append(
+                _Choice(
+                    index if type(index) is int else position,
+                    reason if isinstance(reason, str) else getattr(choice, "finish_reason", None),
+                    fields,
+                )
+            )
+        return cls(
+            getattr(response, "model", None),
+            tuple(choices),
+            getattr(response, "usage", None) if keep_usage else None,
+            {k: v for k, v in root.items() if k not in ("usage", "choices")},
+        )
+
+
+def logged_body(original: Any) -> Mapping[str, Any] | SdkShaped | None:
+    """The server's answer as LiteLLM logged it (``original_response``): the body's JSON
+    text (its own handler, and the SDK's parsed body re-serialized) or the SDK's
+    ``Completion``; both keep every field the server sent. None for anything else (an
+    error's text, nothing logged yet)."""
+    if isinstance(original, str):
+        try:
+            body = json.loads(original)
+        except (ValueError, RecursionError):
+            return None
+        return body if isinstance(body, Mapping) and isinstance(body.get("choices"), list) else None
+    if hasattr(original, "choices") and hasattr(original, "model_extra"):
+        return SdkShaped.of(original, keep_usage=True)
+    return None
+
+
+def kept_body(kwargs: Mapping[str, Any], response: Any) -> Mapping[str, Any] | SdkShaped:
+    """The closest thing to the server's body that LiteLLM kept for a non-streaming call:
+    the body it logged, else its own response object, which can lose some fields (a text
+    completion LiteLLM answered through the chat endpoint comes back without the chat
+    body's root fields)."""
+    body = logged_body(kwargs.get("original_response"))
+    return body if body is not None else SdkShaped.of(response, keep_usage=True)
+
+
+def include_usage(kwargs: Mapping[str, Any]) -> bool:
+    """The stream asked for the server's usage chunk (else LiteLLM estimates usage, which
+    the openai wrapper would not report)."""
+    for options in (
+        kwargs.get("stream_options"),
+        (kwargs.get("optional_params") or {}).get("stream_options"),
+    ):
+        if isinstance(options, Mapping) and options.get("include_usage") is True:
+            return True
+    return False
+
+
+def server(kwargs: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """Host and port of the endpoint LiteLLM called."""
+    params = kwargs.get("litellm_params")
+    base = params.get("api_base") if isinstance(params, Mapping) else None
+    if not isinstance(base, str) or not base:
+        return None, None
+    parts = urlsplit(base)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is None:
+        port = {"https": 443, "http": 80}.get(parts.scheme)
+    return parts.hostname or None, port
+
+
+#: LiteLLM's sync call types, and the flags its async ones set in ``litellm_params``.
+_SYNC_CALLS = frozenset({"completion", "text_completion"})
+_ASYNC_FLAGS = ("acompletion", "atext_completion")
+
+
+def success_event_comes_late(kwargs: Mapping[str, Any]) -> bool:
+    """A non-streamed attempt of a sync ``litellm.completion(..., fallbacks=[...])``.
+
+    LiteLLM runs each such attempt as ``acompletion`` on an event loop it makes for the
+    call and closes when the call returns (``completion_with_fallbacks``,
+    litellm_core_utils/fallback_utils.py; ``run_async_function``, asyncify.py). The
+    attempts share the sync call's logging object, so they report the sync call type
+    with the async flag set. The answer's success event is queued for LiteLLM's logging
+    worker on that loop, which never runs it: it runs when LiteLLM next runs a loop, or
+    at exit, or never; and the sync success event skips callbacks of an async request.
+    """
+    if kwargs.get("call_type") not in _SYNC_CALLS or kwargs.get("stream") is True:
+        return False
+    params = kwargs.get("litellm_params")
+    return isinstance(params, Mapping) and any(params.get(f) is True for f in _ASYNC_FLAGS)
+
+
+def attempt_start(kwargs: Mapping[str, Any]) -> datetime | None:
+    """When this attempt's request began (the call's start is the first attempt's)."""
+    for name in ("current_attempt_api_call_start_time", "api_call_start_time", "start_time"):
+        stamp = kwargs.get(name)
+        if isinstance(stamp, datetime):
+            return stamp
+    return None
+
+
+def nanoseconds(moment: Any) -> int | None:
+    return int(moment.timestamp() * 1e9) if isinstance(moment, datetime) else None
+
+
+def seconds(start: Any, end: Any) -> float | None:
+    if isinstance(start, datetime) and isinstance(end, datetime):
+        return max((end - start).total_seconds(), 0.0)
+    return None

@@ -758,6 +758,15 @@ async def test_a_noted_stream_error_excuses_one_failed_call_to_its_server() -> N
         request = httpx2.Request("POST", "http://127.0.0.1:1/v1/completions")
         return httpx2.RemoteProtocolError("peer closed connection", request=request)
 
+    def unhashable_request() -> BaseException:
+        class Hostile:
+            def __hash__(self) -> int:
+                raise ValueError("no hash")
+
+        error = ConnectionError("odd request")
+        error.request = Hostile()  # type: ignore[attr-defined]
+        return error
+
     sdk_error, unnoted, dropped = cut(), cut(), cut()
     note_openai_stream_error(unnoted, "127.0.0.1:1")  # no LiteLLM call open: not kept
     set_open_litellm_calls(1)
@@ -765,6 +774,7 @@ async def test_a_noted_stream_error_excuses_one_failed_call_to_its_server() -> N
         note_openai_stream_error(sdk_error, "127.0.0.1:1")
         note_openai_stream_error(dropped, "127.0.0.1:1")
         note_openai_stream_error(ConnectionError("no request named"), "127.0.0.1:1")
+        note_openai_stream_error(unhashable_request(), "127.0.0.1:1")  # must not raise
     finally:
         set_open_litellm_calls(0)
     request_gone = weakref.ref(dropped.request)

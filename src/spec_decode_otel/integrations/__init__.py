@@ -177,15 +177,19 @@ def _request_of(error: BaseException) -> Any:
 
 def note_openai_stream_error(error: BaseException, server: str) -> None:
     """Called by the openai wrapper when reading an SDK stream raised ``error`` (before
-    the error reaches whoever reads the stream); kept while a LiteLLM call is open."""
+    the error reaches whoever reads the stream); kept while a LiteLLM call is open. Never
+    raises: it runs as the user's error is on its way to them."""
     if not _open_litellm_calls:
         return
-    with _streams_lock:
-        for link in _chain(error):
-            request = _request_of(link)
-            if request is not None:
-                with contextlib.suppress(TypeError):  # not weakly referenceable
-                    _failed_requests[request] = server
+    try:
+        with _streams_lock:
+            for link in _chain(error):
+                request = _request_of(link)
+                if request is not None:
+                    with contextlib.suppress(TypeError):  # not weakly referenceable
+                        _failed_requests[request] = server
+    except Exception:
+        report_internal_error("note_openai_stream_error")
 
 
 def took_openai_stream_error(error: Any, server: str) -> bool:

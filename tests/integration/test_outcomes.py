@@ -347,6 +347,27 @@ def test_no_include_usage_hint_when_streams_ask_for_usage_or_stop_early(
     assert outcomes == ["recorded", "recorded", "not_read_to_end"]
 
 
+def test_no_include_usage_hint_for_responses_api_streams(
+    otel: Otel, simulator_url: str, warnings_log: Callable[[str], list[str]]
+) -> None:
+    """A Responses API stream has no ``stream_options`` (usage always comes on its
+    ``response.completed`` event), and ``inject_include_usage`` never touches it: vLLM's
+    streamed Responses carry no stats (0.34.0: timing ``metrics`` only), and that must
+    not be blamed on a missing include_usage."""
+    otel.instrument()
+    with openai.OpenAI(api_key="sk-test", base_url=simulator_url, max_retries=0) as client:
+        _call(client, CASES["recorded"])
+        for stream in (True, False):
+            events = client.responses.create(
+                model=MODEL, input="hi", max_output_tokens=16, stream=stream
+            )
+            if stream:
+                assert list(events)
+    assert warnings_log("include_usage") == []
+    outcomes = [s.attributes["spec_decode.outcome"] for s in otel.spans()]
+    assert outcomes == ["recorded", "no_stats", "no_stats"]
+
+
 def test_a_quiet_server_is_hinted_once_after_enough_calls(
     otel: Otel, simulator_url: str, quiet_url: str, warnings_log: Callable[[str], list[str]]
 ) -> None:

@@ -109,6 +109,9 @@ class Instrumentation:
             injected_usage = False
         stream_options = body.get("stream_options")
         asked_usage = isinstance(stream_options, Mapping) and stream_options.get("include_usage")
+        # A Responses stream always ends with its usage (``response.completed``): it has
+        # no stream_options, so a stream without stats is never for want of them.
+        responses_api = options.url == "/responses"
         plan = self.plan(
             operation,
             model=body.get("model"),
@@ -118,7 +121,7 @@ class Instrumentation:
             requested_sequences=_requested_sequences(body),
             request=_sent_body(options) or body,
             streaming=streaming,
-            include_usage=injected_usage or asked_usage is True,
+            include_usage=injected_usage or asked_usage is True or responses_api,
         )
         if self.settings.inject_traceparent:
             options = _inject_trace_context(options, plan.span)

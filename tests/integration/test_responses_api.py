@@ -133,6 +133,9 @@ def test_responses_with_raw_response_ends_the_call_with_the_body(
     attrs = dict(our_span(instrumented).attributes or {})
     assert attrs["spec_decode.outcome"] == "no_stats"
     assert attrs["gen_ai.usage.output_tokens"] == parsed.usage.output_tokens
+    # the status's finish reason, as for the parsed response
+    assert parsed.status == "completed"
+    assert list(attrs["gen_ai.response.finish_reasons"]) == ["stop"]
 
 
 def test_auto_mode_enriches_a_genai_openai_responses_span(

@@ -126,7 +126,7 @@ class Call:
                 lambda: self._end(
                     [ParsedResponse.from_sdk(obj, self.plan.request)],
                     response_model=getattr(obj, "model", None),
-                    finish_reasons=_finish_reasons(obj),
+                    finish_reasons=finish_reasons(obj),
                     usage=getattr(obj, "usage", None),
                 )
             )
@@ -147,7 +147,7 @@ class Call:
         self._end(
             [parsed],
             response_model=body.get("model"),
-            finish_reasons=[c.get("finish_reason") for c in parsed.choices[:MAX_FINISH_REASONS]],
+            finish_reasons=finish_reasons(body),
             input_tokens=usage.get("prompt_tokens"),
             output_tokens=usage.get("completion_tokens"),
         )
@@ -317,12 +317,17 @@ RESPONSES_FINISH_REASONS: Mapping[str, str] = {
 }
 
 
-def _finish_reasons(obj: Any) -> list[Any]:
-    """Each choice's finish reason; for a Responses API ``Response``, its status's."""
-    if hasattr(obj, "choices"):
-        choices = sdk_choices(obj)[:MAX_FINISH_REASONS]
-        return [getattr(c, "finish_reason", None) for c in choices]
-    status = getattr(obj, "status", None)
+def finish_reasons(body: Any) -> list[Any]:
+    """Each choice's finish reason; for a Responses API response, its status's. ``body``
+    is an SDK object or its decoded JSON."""
+    if isinstance(body, Mapping):
+        choices = body.get("choices")
+        choices = choices if isinstance(choices, list) else ()
+    else:
+        choices = sdk_choices(body)
+    if choices:
+        return [_field(c, "finish_reason") for c in choices[:MAX_FINISH_REASONS]]
+    status = _field(body, "status")
     reason = RESPONSES_FINISH_REASONS.get(status) if isinstance(status, str) else None
     return [reason] if reason is not None else []
 

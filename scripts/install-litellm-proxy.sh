@@ -22,7 +22,10 @@
 # it and adding each missing module in turn: websockets, fastapi, orjson, backoff, redis,
 # apscheduler, jwt, cryptography, semver, uvicorn, multipart, expression, fastapi_sso,
 # mcp, soundfile, uvloop), with the version ranges the `proxy` extra declares for them
-# (redis is not in the extra: the missing `litellm-proxy` must be what brings it).
+# (redis is not in the extra: the missing `litellm-proxy` must be what brings it), and
+# pynacl, which the proxy imports only when it answers /v1/responses (it encrypts the
+# response ids it hands out: litellm/proxy/hooks/responses_id_security.py), so that call
+# fails with HTTP 500 without it.
 #
 # The venv also holds spec-decode-otel's own requirements with the extras an in-proxy
 # set-up uses (`instruments`: openai; `otlp`: the OpenTelemetry SDK and exporters), read
@@ -46,7 +49,7 @@ REQUIREMENTS=(
   "uvicorn>=0.33.0,<1.0" "uvloop>=0.22.1,<1.0" "orjson>=3.11.6,<4.0" "backoff>=2.2.1,<3.0"
   "redis" "apscheduler>=3.11.2,<4.0" "pyjwt>=2.13.0,<3.0" "cryptography>=49.0.0,<51.0"
   "semver>=3.0.4,<4" "python-multipart>=0.0.27,<1.0" "expression>=5.6.0,<6.0"
-  "fastapi-sso>=0.19.0,<1.0" "mcp>=2.3.0,<3" "soundfile>=0.12.1,<1.0"
+  "fastapi-sso>=0.19.0,<1.0" "mcp>=2.3.0,<3" "soundfile>=0.12.1,<1.0" "pynacl>=1.6.2,<2.0"
 )
 # spec-decode-otel's requirements (core + instruments + otlp), one per line.
 mapfile -t PROJECT_REQUIREMENTS < <("$PYTHON" -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; x = p["optional-dependencies"]; print("\n".join(p["dependencies"] + x["instruments"] + x["otlp"]))')

@@ -54,6 +54,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import spec_decode_otel
 from spec_decode_otel._logging import _said_once
 from spec_decode_otel.integrations.litellm import SpecDecodeLiteLLMCallback
+from spec_decode_otel.payloads import parse_payloads
 from spec_decode_otel.telemetry import SCOPE_NAME
 
 #: LiteLLM providers that reach an OpenAI-compatible server (LiteLLM 1.110 has no
@@ -357,6 +358,109 @@ async def test_own_handler_streams_lose_the_stats_and_say_so(
     check_metric_points(otel, None, {})
     # and the log says it once, with the way out (warn_once: process-wide)
     assert "litellm-stream" in _said_once
+
+
+# -- the Responses API -------------------------------------------------------------------
+
+#: Providers whose ``litellm.responses()`` LiteLLM 1.110.2 posts to the server's
+#: ``/v1/responses`` with its own handler (``HostedVLLMResponsesAPIConfig``,
+#: ``OpenAIResponsesAPIConfig``: litellm/llms/{hosted_vllm,openai}/responses/
+#: transformation.py); the others go through LiteLLM's bridge to chat completions, sent
+#: through the openai SDK.
+RESPONSES_NATIVE = ("hosted_vllm", "openai")
+
+
+async def call_responses(mode: str, kwargs: dict[str, Any]) -> list[Any]:
+    """One ``litellm.responses`` / ``aresponses`` call; the response, or every event."""
+    stream = kwargs.get("stream") is True
+    if mode == "async":
+        result = await litellm.aresponses(**kwargs)
+        return [e async for e in result] if stream else [result]
+    result = litellm.responses(**kwargs)
+    return list(result) if stream else [result]
+
+
+def raw_responses(base_url: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
+    """The same request through plain httpx: the body, or the list of stream events."""
+    response = httpx2.post(base_url + "/responses", json=body, headers=headers, timeout=30)
+    response.raise_for_status()
+    return parse_payloads(response.text) if body["stream"] else response.json()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_responses_api_calls_have_one_span_each(
+    provider: str, engine: str, mode: str, stream: bool, otel: Otel, simulator_url: str
+) -> None:
+    """``litellm.responses()`` / ``aresponses()``: one span per call, operation ``chat``
+    as the openai wrapper names a Responses call, whichever way LiteLLM sends it.
+
+    Native routes: LiteLLM reports the call (call type ``responses``/``aresponses``) with
+    the completed response, streamed or not, and keeps the server's root fields on it.
+    Neither engine puts stats there: vLLM 0.34.0's Responses ``metrics`` are timing fields
+    only, and llama.cpp's ``timings`` ride on the ``response.completed`` event itself,
+    which LiteLLM's ``ResponseCompletedEvent`` does not keep (the openai SDK's stream gives
+    that record: ``test_responses_api.py``). So the span says ``no_stats``, with LiteLLM's
+    usage and finish reason. Bridged routes are chat completions through the SDK, recorded
+    by the wrapper from the wire; the callback skips the outer call."""
+    otel.instrument()
+    seed = seed_for("responses", provider, engine, mode, str(stream))
+    headers = {"x-spec-decode-engine": engine, "x-sim-seed": str(seed)}
+    body = {"model": MODEL, "input": "Name three stripes.", "max_output_tokens": 24}
+    kwargs = {**litellm_kwargs(provider, {**body, "stream": stream}, simulator_url)}
+    results = await call_responses(mode, {**kwargs, "extra_headers": headers})
+    assert results
+
+    (span,) = await settled_spans(otel)
+    attrs = dict(span.attributes)
+    assert span.name == f"chat {MODEL}" and span.kind is SpanKind.CLIENT
+    assert attrs["gen_ai.operation.name"] == "chat"
+    assert (attrs["server.address"], attrs["server.port"]) == server_of(simulator_url)
+    if provider not in RESPONSES_NATIVE:
+        assert attrs["spec_decode.outcome"] in ("recorded", "partial")
+        assert attrs["spec_decode.engine"] == engine
+        return
+    payload = raw_responses(simulator_url, {**body, "stream": stream}, headers)
+    completed = payload[-1]["response"] if stream else payload
+    # what the SDK reads from the wire, and what LiteLLM keeps (the completed response)
+    sdk_record = spec_decode_otel.record_from_json(payload)
+    assert (sdk_record is not None) == (engine == "llamacpp" and stream)
+    assert spec_decode_otel.record_from_json(completed) is None
+    check_span(span, simulator_url, None, "chat")
+    assert attrs["gen_ai.usage.input_tokens"] == completed["usage"]["input_tokens"]
+    assert attrs["gen_ai.usage.output_tokens"] == completed["usage"]["output_tokens"]
+    assert attrs["gen_ai.response.finish_reasons"] == ("stop",)
+    assert requests_by_outcome(otel) == {"no_stats": 1}
+    check_metric_points(otel, None, {})
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("provider", ["hosted_vllm", "custom_openai"])
+async def test_responses_api_calls_with_the_callback_alone_have_one_span_each(
+    provider: str, mode: str, stream: bool, otel: Otel, simulator_url: str
+) -> None:
+    """Without the openai wrapper, a bridged call (a chat completion LiteLLM makes for
+    ``responses()``) is still one call to the callback: it is recorded from the chat body
+    LiteLLM kept when not streamed, and, like every stream the callback alone sees, gets
+    ``no_stats`` when streamed."""
+    callback = SpecDecodeLiteLLMCallback(
+        tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider
+    )
+    litellm.callbacks.append(callback)
+    seed = seed_for("responses-alone", provider, mode, str(stream))
+    body = {"model": MODEL, "input": "Name three stripes.", "max_output_tokens": 24}
+    kwargs = litellm_kwargs(provider, {**body, "stream": stream}, simulator_url)
+    try:
+        assert await call_responses(mode, {**kwargs, "extra_headers": {"x-sim-seed": str(seed)}})
+        (span,) = await settled_spans(otel)
+    finally:
+        callback.unregister()
+    recorded = provider not in RESPONSES_NATIVE and not stream
+    assert span.attributes["spec_decode.outcome"] == ("recorded" if recorded else "no_stats")
+    assert requests_by_outcome(otel) == {span.attributes["spec_decode.outcome"]: 1}
 
 
 # -- the callback alone ------------------------------------------------------------------

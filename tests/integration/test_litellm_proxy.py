@@ -222,6 +222,8 @@ class Case:
 
     def body(self) -> dict[str, Any]:
         """The request body (model aside): the same to the proxy and to the simulator."""
+        if self.api == "responses":
+            return {"max_output_tokens": 24, "stream": self.stream, "input": PROMPT}
         body: dict[str, Any] = {"max_tokens": 24, "stream": self.stream, **SHAPES[self.shape][1]}
         if self.api == "chat":
             body["messages"] = MESSAGES
@@ -238,7 +240,9 @@ class Case:
         return {**kwargs, "model": model_name(self.route, self.engine), "extra_body": extra}
 
     def path(self) -> str:
-        return "/chat/completions" if self.api == "chat" else "/completions"
+        return {"chat": "/chat/completions", "responses": "/responses"}.get(
+            self.api, "/completions"
+        )
 
 
 def post(url: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
@@ -524,3 +528,44 @@ def test_the_proxy_sends_a_vllm_finish_chunk_text_first_then_the_finish_reason(
         assert proxied[-1]["system_fingerprint"] == sent[-1]["system_fingerprint"]
     else:
         assert not any("system_fingerprint" in c for c in proxied)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("shape", ["vllm", "llamacpp"])
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_responses_api_call_keeps_the_engines_fields(
+    route: str,
+    shape: str,
+    stream: bool,
+    litellm_proxy: Proxy,
+    simulator_url: str,
+    instrumented: Otel,
+) -> None:
+    """LiteLLM 1.110.2 proxy, real process, ``/v1/responses`` on both routes (posted to the
+    engine's ``/v1/responses``): the response keeps vLLM's root ``metrics`` (0.34.0: timing
+    fields only, so no record), and a stream's ``response.completed`` event keeps
+    llama.cpp's ``timings`` beside the response. The instrumented client's span has the
+    record of the engine's direct answer to the same seeded request (llama.cpp streams:
+    ``partial``; the rest: ``no_stats``)."""
+    case = Case(route, shape, "responses", stream)
+    sent = direct(simulator_url, case)
+    record = record_from_json(sent)
+    assert (record is not None) == (shape == "llamacpp" and stream)
+    with litellm_proxy.client() as client:
+        result = client.responses.create(**{**case.body(), "model": model_name(route, case.engine)})
+        events = list(result) if stream else [result]
+    assert events
+
+    attrs = only_attributes(instrumented)
+    assert attrs["spec_decode.outcome"] == expected_outcome(record)
+    assert spec_decode_attributes(attrs) == (
+        {} if record is None else expected_span_attributes(record)
+    )
+    proxied = through_proxy(litellm_proxy, case)
+    assert record_from_json(proxied) == record
+    if not stream:
+        assert proxied.get("metrics") == sent.get("metrics")
+    else:
+        assert proxied[-1]["type"] == sent[-1]["type"] == "response.completed"
+        assert proxied[-1].get("timings") == sent[-1].get("timings")
+        assert proxied[-1]["response"].get("metrics") == sent[-1]["response"].get("metrics")

@@ -249,6 +249,29 @@ def test_in_proxy_records(case: Case, proxy: Proxy, simulator_url: str) -> None:
     ) == sorted(expected, key=str)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("shape", ["vllm", "llamacpp"])
+@pytest.mark.parametrize("route", ROUTES)
+def test_in_proxy_responses_api_calls_give_one_row_each(
+    route: str, shape: str, stream: bool, proxy: Proxy, simulator_url: str
+) -> None:
+    """The proxy's ``/v1/responses``, both routes: LiteLLM 1.110.2 posts them to the
+    engine's ``/v1/responses`` itself and reports each (call type ``aresponses``) with the
+    completed response. One row per call, ``no_stats``: vLLM 0.34.0 puts timing
+    ``metrics`` only on a Responses response, and llama.cpp's ``timings`` ride on the
+    ``response.completed`` event, which LiteLLM does not keep (an openai client of the
+    engine itself reads them: the direct answer below)."""
+    case = Case(route, shape, "responses", stream)
+    answer = direct(simulator_url, case)
+    completed = answer[-1]["response"] if stream else answer
+    assert record_from_json(completed) is None
+    assert (record_from_json(answer) is not None) == (shape == "llamacpp" and stream)
+    (row,) = proxy.call(case, 1)
+    assert (row["outcome"], row["record"]) == ("no_stats", None)
+    host, port = urlsplit(simulator_url).hostname, urlsplit(simulator_url).port
+    assert (row["model"], row["server"]) == (MODEL, f"{host}:{port}")
+
+
 def test_two_text_streams_at_once_give_one_row_each(proxy: Proxy, simulator_url: str) -> None:
     """Two streamed text completions sent to the proxy at the same time (two threads),
     through ``openai/`` to vLLM and ``hosted_vllm/`` to SGLang: two rows, each the

@@ -16,8 +16,9 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-#: Request fields that are content (never read, never kept).
-CONTENT = frozenset({"messages", "prompt"})
+#: Request fields that are content (never read, never kept): chat, completions and the
+#: Responses API's.
+CONTENT = frozenset({"messages", "prompt", "input", "instructions"})
 #: Choice fields that are content (never read) or that the choice view sets itself.
 _NOT_STATS = frozenset({"text", "message", "delta", "logprobs", "index", "finish_reason"})
 
@@ -97,27 +98,46 @@ class SdkShaped:
 
 def logged_body(original: Any) -> Mapping[str, Any] | SdkShaped | None:
     """The server's answer as LiteLLM logged it (``original_response``): the body's JSON
-    text (its own handler, and the SDK's parsed body re-serialized) or the SDK's
-    ``Completion``; both keep every field the server sent. None for anything else (an
-    error's text, nothing logged yet)."""
+    text (its own handler, and the SDK's parsed body re-serialized; for the Responses
+    API, the completed response, streamed or not) or the SDK's ``Completion``; both keep
+    every field the server sent. None for anything else (an error's text, nothing logged
+    yet)."""
     if isinstance(original, str):
         try:
             body = json.loads(original)
         except (ValueError, RecursionError):
             return None
-        return body if isinstance(body, Mapping) and isinstance(body.get("choices"), list) else None
+        if not isinstance(body, Mapping):
+            return None
+        return body if any(isinstance(body.get(k), list) for k in ("choices", "output")) else None
     if hasattr(original, "choices") and hasattr(original, "model_extra"):
         return SdkShaped.of(original, keep_usage=True)
     return None
 
 
-def kept_body(kwargs: Mapping[str, Any], response: Any) -> Mapping[str, Any] | SdkShaped:
-    """The closest thing to the server's body that LiteLLM kept for a non-streaming call:
-    the body it logged, else its own response object, which can lose some fields (a text
-    completion LiteLLM answered through the chat endpoint comes back without the chat
-    body's root fields)."""
+def kept_body(kwargs: Mapping[str, Any], response: Any) -> Any:
+    """The closest thing to the server's body that LiteLLM kept: the body it logged, else
+    its own response object, which can lose some fields (a text completion LiteLLM
+    answered through the chat endpoint comes back without the chat body's root fields).
+    A Responses API object is taken as it is: LiteLLM's keeps the server's root fields
+    as extras, as the openai SDK's does."""
     body = logged_body(kwargs.get("original_response"))
-    return body if body is not None else SdkShaped.of(response, keep_usage=True)
+    if body is not None:
+        return body
+    if responses_call(kwargs):
+        return response
+    return SdkShaped.of(response, keep_usage=True)
+
+
+#: LiteLLM's Responses API calls (``litellm.responses`` / ``aresponses``).
+_RESPONSES_CALLS = frozenset({"responses", "aresponses"})
+
+
+def responses_call(kwargs: Mapping[str, Any]) -> bool:
+    """A Responses API call: LiteLLM reports a streamed one's end with the completed
+    response, whole (what the ``response.completed`` event carried, without the event's
+    own fields), not with chunks it rebuilt."""
+    return kwargs.get("call_type") in _RESPONSES_CALLS
 
 
 def include_usage(kwargs: Mapping[str, Any]) -> bool:

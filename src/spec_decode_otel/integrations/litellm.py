@@ -54,7 +54,7 @@ from spec_decode_otel._attributes import current_attributes
 from spec_decode_otel._fork import fork_safe_lock
 from spec_decode_otel._logging import report_internal_error, warn_once
 from spec_decode_otel.instrumentation import _build
-from spec_decode_otel.instrumentation.call import Call, CallPlan
+from spec_decode_otel.instrumentation.call import Call, CallPlan, finish_reasons
 from spec_decode_otel.instrumentation.wrapper import (
     Instrumentation,
     _requested_sequences,
@@ -75,6 +75,9 @@ OPERATIONS: Mapping[str, str] = {
     "acompletion": "chat",
     "text_completion": "text_completion",
     "atext_completion": "text_completion",
+    # The Responses API: operation ``chat``, as the openai wrapper names it.
+    "responses": "chat",
+    "aresponses": "chat",
 }
 #: Calls started but not yet reported ended, and calls already recorded, kept at most.
 MAX_CALLS = 4096
@@ -328,7 +331,8 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         failed: bool,
     ) -> None:
         streaming = kwargs.get("stream") is True
-        include_usage = wire.include_usage(kwargs)
+        responses_api = wire.responses_call(kwargs)
+        include_usage = responses_api or wire.include_usage(kwargs)
         call = Call(
             self._plan(kwargs, operation, started, start_time, end_time, streaming, include_usage)
         )
@@ -340,9 +344,24 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             error = kwargs.get("exception")
             call.finish_error(error if isinstance(error, BaseException) else RuntimeError("failed"))
             return
-        if not streaming:
+        first = wire.seconds(start_time, kwargs.get("completion_start_time"))
+        first_chunk_at = None if first is None else call.started + first
+        if not streaming or responses_api:
             body = wire.kept_body(kwargs, response)
-            if isinstance(body, Mapping):
+            if streaming:  # a Responses stream, ended with its completed response
+                call.finish_stream(
+                    [body],
+                    response_model=(
+                        body.get("model")
+                        if isinstance(body, Mapping)
+                        else getattr(body, "model", None)
+                    ),
+                    finish_reasons=finish_reasons(body),
+                    multi_sequence=False,
+                    first_chunk_at=first_chunk_at,
+                    read_to_end=True,
+                )
+            elif isinstance(body, Mapping):
                 call.finish_dict(body)
             else:
                 call.finish_object(body)
@@ -354,7 +373,6 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             "provider (with api_base) under SpecDecodeInstrumentor, or do not stream.",
         )
         view = wire.SdkShaped.of(response, keep_usage=include_usage)
-        first = wire.seconds(start_time, kwargs.get("completion_start_time"))
         call.finish_stream(
             [view],
             response_model=view.model if isinstance(view.model, str) else None,
@@ -362,7 +380,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
                 c.finish_reason for c in view.choices if isinstance(c.finish_reason, str)
             ],
             multi_sequence=len(view.choices) > 1 or any(c.index for c in view.choices),
-            first_chunk_at=None if first is None else call.started + first,
+            first_chunk_at=first_chunk_at,
             read_to_end=True,
         )
 

@@ -36,6 +36,7 @@ import pytest
 import pytest_asyncio
 from instrumentation_helpers import (
     ENGINES,
+    MESSAGES,
     MODEL,
     OPERATION,
     SPEC_DECODE_METRICS,
@@ -461,6 +462,59 @@ async def test_responses_api_calls_with_the_callback_alone_have_one_span_each(
     recorded = provider not in RESPONSES_NATIVE and not stream
     assert span.attributes["spec_decode.outcome"] == ("recorded" if recorded else "no_stats")
     assert requests_by_outcome(otel) == {span.attributes["spec_decode.outcome"]: 1}
+
+
+# -- Anthropic's Messages API ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("provider", ["hosted_vllm", "custom_openai", "lm_studio"])
+async def test_anthropic_messages_calls_have_one_span_with_the_chat_bodys_record(
+    provider: str, mode: str, stream: bool, otel: Otel, simulator_url: str
+) -> None:
+    """``litellm.anthropic.messages.create()`` / ``acreate()`` (what the proxy's
+    ``/v1/messages`` runs, e.g. for Claude Code in front of a self-hosted engine):
+    LiteLLM 1.110.2 answers it from a chat completion to the server
+    (litellm/llms/anthropic/experimental_pass_through/), reported to callbacks as call
+    type ``anthropic_messages`` with the chat body it logged. ``hosted_vllm/`` posts that
+    with its own handler: the body's record when not streamed, ``no_stats`` when
+    streamed (the rebuilt chunks drop the stats, as for its chat streams). The other
+    routes send it through the openai SDK, whose wrapper reads the wire (streams too),
+    and the callback skips the call. Ground truth: the server's answer to the same
+    seeded chat request."""
+    otel.instrument()
+    seed = seed_for("anthropic", provider, mode, str(stream))
+    headers = {"x-spec-decode-engine": "vllm", "x-sim-seed": str(seed)}
+    kwargs = {
+        **litellm_kwargs(provider, {"messages": MESSAGES, "max_tokens": 24}, simulator_url),
+        "stream": stream,
+        "extra_headers": headers,
+    }
+    if mode == "async":
+        result = await litellm.anthropic.messages.acreate(**kwargs)
+        events = [e async for e in result] if stream else [result]
+    else:
+        result = litellm.anthropic.messages.create(**kwargs)
+        events = list(result) if stream else [result]
+    assert events
+
+    (span,) = await settled_spans(otel)
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 24, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    record = spec_decode_otel.record_from_json(
+        raw_payload(simulator_url, "chat", {**body, "extra_headers": headers})
+    )
+    assert record is not None
+    if provider == "hosted_vllm" and stream:
+        record = None
+    assert span.attributes["gen_ai.operation.name"] == "chat"
+    assert span.attributes["spec_decode.outcome"] == expected_outcome(record)
+    assert spec_decode_attributes(dict(span.attributes)) == (
+        {} if record is None else expected_span_attributes(record)
+    )
+    assert requests_by_outcome(otel) == {expected_outcome(record): 1}
 
 
 # -- the callback alone ------------------------------------------------------------------

@@ -224,6 +224,8 @@ class Case:
         """The request body (model aside): the same to the proxy and to the simulator."""
         if self.api == "responses":
             return {"max_output_tokens": 24, "stream": self.stream, "input": PROMPT}
+        if self.api == "messages":  # Anthropic's Messages API
+            return {"max_tokens": 24, "stream": self.stream, "messages": MESSAGES}
         body: dict[str, Any] = {"max_tokens": 24, "stream": self.stream, **SHAPES[self.shape][1]}
         if self.api == "chat":
             body["messages"] = MESSAGES
@@ -240,9 +242,8 @@ class Case:
         return {**kwargs, "model": model_name(self.route, self.engine), "extra_body": extra}
 
     def path(self) -> str:
-        return {"chat": "/chat/completions", "responses": "/responses"}.get(
-            self.api, "/completions"
-        )
+        paths = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
+        return paths.get(self.api, "/completions")
 
 
 def post(url: str, body: dict[str, Any], headers: dict[str, str]) -> Any:

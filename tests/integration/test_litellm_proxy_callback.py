@@ -118,36 +118,50 @@ def example_config(simulator_url: str, key: str) -> dict[str, Any]:
     config = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
     templates = {e["litellm_params"]["model"].split("/")[0]: e for e in config["model_list"]}
     assert sorted(templates) == sorted(ROUTES)
-    config["model_list"] = [
-        {
-            "model_name": model_name(route, engine),
-            "litellm_params": {
-                **template["litellm_params"],
-                "model": f"{route}/{MODEL}",
-                "api_base": simulator_url,
-                "extra_headers": {"x-spec-decode-engine": engine, "x-sim-seed": str(SEED)},
-            },
-        }
-        for route, template in templates.items()
-        for engine in ENGINES
-    ] + [
-        {
-            "model_name": f"{model_name(route, engine)}-{fault}",
-            "litellm_params": {
-                **template["litellm_params"],
-                "model": f"{route}/{MODEL}",
-                "api_base": simulator_url,
-                "extra_headers": {
-                    "x-spec-decode-engine": engine,
-                    "x-sim-seed": str(SEED),
-                    "x-sim-fault": fault,
+    config["model_list"] = (
+        [
+            {
+                "model_name": model_name(route, engine),
+                "litellm_params": {
+                    **template["litellm_params"],
+                    "model": f"{route}/{MODEL}",
+                    "api_base": simulator_url,
+                    "extra_headers": {"x-spec-decode-engine": engine, "x-sim-seed": str(SEED)},
                 },
-            },
-        }
-        for route, template in templates.items()
-        for engine in ("vllm", "sglang")
-        for fault in FAULTS
-    ]
+            }
+            for route, template in templates.items()
+            for engine in ENGINES
+        ]
+        + [
+            {
+                "model_name": f"{model_name(route, engine)}-{fault}",
+                "litellm_params": {
+                    **template["litellm_params"],
+                    "model": f"{route}/{MODEL}",
+                    "api_base": simulator_url,
+                    "extra_headers": {
+                        "x-spec-decode-engine": engine,
+                        "x-sim-seed": str(SEED),
+                        "x-sim-fault": fault,
+                    },
+                },
+            }
+            for route, template in templates.items()
+            for engine in ("vllm", "sglang")
+            for fault in FAULTS
+        ]
+        + [
+            {  # not in the example: the route README advises for /v1/messages streams
+                "model_name": model_name("custom_openai", "vllm"),
+                "litellm_params": {
+                    **templates["openai"]["litellm_params"],
+                    "model": f"custom_openai/{MODEL}",
+                    "api_base": simulator_url,
+                    "extra_headers": {"x-spec-decode-engine": "vllm", "x-sim-seed": str(SEED)},
+                },
+            }
+        ]
+    )
     config.setdefault("general_settings", {})["master_key"] = key
     return config
 
@@ -270,6 +284,32 @@ def test_in_proxy_responses_api_calls_give_one_row_each(
     assert (row["outcome"], row["record"]) == ("no_stats", None)
     host, port = urlsplit(simulator_url).hostname, urlsplit(simulator_url).port
     assert (row["model"], row["server"]) == (MODEL, f"{host}:{port}")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("route", [*ROUTES, "custom_openai"])
+def test_in_proxy_anthropic_messages_give_one_row_each(
+    route: str, stream: bool, proxy: Proxy, simulator_url: str
+) -> None:
+    """The proxy's ``/v1/messages`` (Anthropic's Messages API, which Claude Code speaks),
+    LiteLLM 1.110.2: it answers from a call to the engine, reported to callbacks as call
+    type ``anthropic_messages``; one row per call.
+
+    - ``hosted_vllm/``: a chat completion through LiteLLM's own handler: the engine's
+      record when not streamed, ``no_stats`` when streamed (rebuilt chunks).
+    - ``openai/``: a Responses API call to the engine, whose Responses carry no stats
+      (vLLM 0.34.0): ``no_stats``.
+    - ``custom_openai/``: a chat completion through the openai SDK, read from the wire
+      by the instrumentation inside the proxy: the engine's record, streamed or not.
+    """
+    case = Case(route, "vllm", "messages", stream)
+    chat = Case(route, "vllm", "chat", stream)
+    engine = record_from_json(direct(simulator_url, chat), chat.body())
+    assert engine is not None
+    kept = route == "custom_openai" or (route == "hosted_vllm" and not stream)
+    (row,) = proxy.call(case, 1)
+    expected = (expected_outcome(engine), as_recorded(engine)) if kept else ("no_stats", None)
+    assert (row["outcome"], row["record"]) == expected
 
 
 def test_two_text_streams_at_once_give_one_row_each(proxy: Proxy, simulator_url: str) -> None:

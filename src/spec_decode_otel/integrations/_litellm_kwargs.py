@@ -16,9 +16,9 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-#: Request fields that are content (never read, never kept): chat, completions and the
-#: Responses API's.
-CONTENT = frozenset({"messages", "prompt", "input", "instructions"})
+#: Request fields that are content (never read, never kept): chat, completions, the
+#: Responses API's and Anthropic Messages'.
+CONTENT = frozenset({"messages", "prompt", "input", "instructions", "system"})
 #: Choice fields that are content (never read) or that the choice view sets itself.
 _NOT_STATS = frozenset({"text", "message", "delta", "logprobs", "index", "finish_reason"})
 

@@ -78,6 +78,9 @@ OPERATIONS: Mapping[str, str] = {
     # The Responses API: operation ``chat``, as the openai wrapper names it.
     "responses": "chat",
     "aresponses": "chat",
+    # Anthropic's Messages API (``litellm.anthropic.messages``, the proxy's /v1/messages),
+    # which LiteLLM answers from a chat completion (or a Responses call) to the server.
+    "anthropic_messages": "chat",
 }
 #: Calls started but not yet reported ended, and calls already recorded, kept at most.
 MAX_CALLS = 4096

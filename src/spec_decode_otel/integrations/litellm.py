@@ -15,7 +15,10 @@ engines' root fields (vLLM's ``metrics``, SGLang's ``sglext``, llama.cpp's ``tim
 extra fields, and a chat choice's own fields (pre-merge vLLM, TensorRT-LLM) move into
 ``provider_specific_fields`` (a text completion choice keeps them as extra fields). A
 stream is rebuilt chunk by chunk from a fixed set of fields, so none of those survive it:
-streams that only LiteLLM's own handler carried get outcome ``no_stats``.
+streams that only LiteLLM's own handler carried get outcome ``no_stats``. A Responses API
+call (``litellm.responses``) is reported with its completed response, streamed or not;
+an Anthropic Messages call (``litellm.anthropic.messages``, the proxy's ``/v1/messages``)
+with the chat completion (or Responses call) LiteLLM answered it from.
 
 One record per call: calls LiteLLM sends through the openai SDK (``openai/``,
 ``custom_openai/``, ``llamafile/``, ``lm_studio/``, and every text completion) are
@@ -153,7 +156,8 @@ _calls = _Calls()
 
 
 class SpecDecodeLiteLLMCallback(CustomLogger):
-    """A LiteLLM callback recording ``spec_decode.*`` for chat and text completions.
+    """A LiteLLM callback recording ``spec_decode.*`` for chat and text completions,
+    Responses API calls and Anthropic Messages calls.
 
     Keywords: those of ``SpecDecodeInstrumentor().instrument()`` (``tracer_provider``,
     ``meter_provider``, ``mode``, ``metric_attributes``, ``record_per_step``,

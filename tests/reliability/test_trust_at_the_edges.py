@@ -50,7 +50,9 @@ from spec_decode_otel import SpecDecodeInstrumentor, instrument_client
 from spec_decode_otel._logging import RateLimitedLog
 from spec_decode_otel.instrumentation import responses
 from spec_decode_otel.instrumentation.call import MAX_SERVER_TEXT
+from spec_decode_otel.integrations._litellm_kwargs import logged_body
 from spec_decode_otel.record import MAX_SPEC_TOKENS
+from spec_decode_otel.sse import MAX_EVENT_CHARS
 from spec_decode_otel.telemetry import (
     ERROR_TYPE,
     GEN_AI_RESPONSE_MODEL,
@@ -64,6 +66,7 @@ from spec_decode_otel.telemetry import (
 
 HERE = Path(__file__).resolve().parent
 MESSAGES = [{"role": "user", "content": "hi"}]
+WIRE_EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "wire-examples"
 
 
 def chat_body(choice_extra: dict[str, Any] | None = None, **root: Any) -> bytes:
@@ -197,6 +200,38 @@ def test_a_tiny_hostile_body_costs_milliseconds_and_gives_no_record(
     outcomes = {p.attributes[SD_OUTCOME]: p.value for p in otel.points(M_REQUESTS)}
     assert outcomes == {"invalid": 2}
     assert otel.points(M_VERIFY_STEPS) == []
+
+
+def test_a_litellm_body_over_the_decode_bound_is_read_from_litellms_own_object(
+    server: LoopbackServer, otel: Otel
+) -> None:
+    """LiteLLM (1.110.2) hands its success callback the body's JSON text
+    (``original_response``), which it has already decoded once. A text over
+    ``MAX_EVENT_CHARS`` is not decoded again: the record comes from LiteLLM's own
+    ``ModelResponse``, which keeps vLLM's root ``metrics`` for ``hosted_vllm/``."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
+    import litellm
+
+    example = json.loads((WIRE_EXAMPLES / "vllm_merged_summary_chat.json").read_text())
+    body = example["response"]
+    body["choices"][0]["message"]["content"] = "x" * (MAX_EVENT_CHARS + 1)
+    text = json.dumps(body)
+    assert logged_body(text) is None
+    assert logged_body(text.replace("x" * (MAX_EVENT_CHARS + 1), "x")) is not None
+    server.reply(text.encode())
+    with instrumented(otel):
+        answer = litellm.completion(
+            model="hosted_vllm/m", api_base=server.url, api_key=API_KEY, messages=MESSAGES
+        )
+        deadline = time.monotonic() + 10  # LiteLLM runs its success callbacks in a thread
+        while not otel.spans() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert len(answer.choices[0].message.content) == MAX_EVENT_CHARS + 1
+    (span,) = otel.spans()
+    stats = body["metrics"]["speculative_decoding"]
+    assert span.attributes[SD_ENGINE] == "vllm"
+    assert span.attributes[SD_NUM_SPEC_STEPS] == stats["num_spec_steps"]
+    assert span.attributes[SD_OUTCOME] == "recorded"
 
 
 # --------------------------------------------------------------------------- 2. privacy

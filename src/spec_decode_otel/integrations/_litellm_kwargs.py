@@ -16,6 +16,8 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from spec_decode_otel.sse import MAX_EVENT_CHARS
+
 #: Request fields that are content (never read, never kept): chat, completions, the
 #: Responses API's and Anthropic Messages'.
 CONTENT = frozenset({"messages", "prompt", "input", "instructions", "system"})
@@ -101,8 +103,12 @@ def logged_body(original: Any) -> Mapping[str, Any] | SdkShaped | None:
     text (its own handler, and the SDK's parsed body re-serialized; for the Responses
     API, the completed response, streamed or not) or the SDK's ``Completion``; both keep
     every field the server sent. None for anything else (an error's text, nothing logged
-    yet)."""
+    yet), and for a text over ``MAX_EVENT_CHARS``, which is not decoded a second time:
+    the caller falls back to LiteLLM's own response object, as for any body it cannot
+    read."""
     if isinstance(original, str):
+        if len(original) > MAX_EVENT_CHARS:
+            return None
         try:
             body = json.loads(original)
         except (ValueError, RecursionError):

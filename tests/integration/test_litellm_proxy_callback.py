@@ -117,26 +117,26 @@ def example_config(simulator_url: str, key: str) -> dict[str, Any]:
     ``api_base`` the simulator's, and ``extra_headers`` naming the shape and seed."""
     config = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
     templates = {e["litellm_params"]["model"].split("/")[0]: e for e in config["model_list"]}
-    assert sorted(templates) == sorted(ROUTES)
+    assert sorted(templates) == sorted((*ROUTES, "custom_openai"))
     config["model_list"] = (
         [
             {
                 "model_name": model_name(route, engine),
                 "litellm_params": {
-                    **template["litellm_params"],
+                    **templates[route]["litellm_params"],
                     "model": f"{route}/{MODEL}",
                     "api_base": simulator_url,
                     "extra_headers": {"x-spec-decode-engine": engine, "x-sim-seed": str(SEED)},
                 },
             }
-            for route, template in templates.items()
+            for route in ROUTES
             for engine in ENGINES
         ]
         + [
             {
                 "model_name": f"{model_name(route, engine)}-{fault}",
                 "litellm_params": {
-                    **template["litellm_params"],
+                    **templates[route]["litellm_params"],
                     "model": f"{route}/{MODEL}",
                     "api_base": simulator_url,
                     "extra_headers": {
@@ -146,15 +146,15 @@ def example_config(simulator_url: str, key: str) -> dict[str, Any]:
                     },
                 },
             }
-            for route, template in templates.items()
+            for route in ROUTES
             for engine in ("vllm", "sglang")
             for fault in FAULTS
         ]
         + [
-            {  # not in the example: the route README advises for /v1/messages streams
+            {  # the example's entry for Anthropic Messages clients
                 "model_name": model_name("custom_openai", "vllm"),
                 "litellm_params": {
-                    **templates["openai"]["litellm_params"],
+                    **templates["custom_openai"]["litellm_params"],
                     "model": f"custom_openai/{MODEL}",
                     "api_base": simulator_url,
                     "extra_headers": {"x-spec-decode-engine": "vllm", "x-sim-seed": str(SEED)},

@@ -15,6 +15,13 @@ from instrumentation_helpers import MESSAGES, MODEL, PROMPT
 
 from spec_decode_otel.payloads import parse_payloads
 
+#: The gateways venv (``scripts/install-gateways.sh``): smg, sglang-router, vllm-router.
+ENV_GATEWAYS = "SPEC_DECODE_OTEL_GATEWAYS"
+INSTALL_HINT = (
+    f'export {ENV_GATEWAYS}="$(bash scripts/install-gateways.sh | tail -n 1)" '
+    "(scripts/test.sh does this)"
+)
+
 #: shape -> (the simulator's engine, what the client adds to the request body)
 SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "vllm": ("vllm", {}),

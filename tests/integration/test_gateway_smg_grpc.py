@@ -28,7 +28,7 @@ from typing import IO, Any
 
 import httpx
 import pytest
-from gateway_cases import api_path, post, sdk_call
+from gateway_cases import ENV_GATEWAYS, INSTALL_HINT, api_path, post, sdk_call
 from instrumentation_helpers import (
     MESSAGES,
     PROMPT,
@@ -40,11 +40,6 @@ from instrumentation_helpers import (
 from installed import built_by
 from ports import free_ports
 
-ENV_GATEWAYS = "SPEC_DECODE_OTEL_GATEWAYS"
-INSTALL_HINT = (
-    f'export {ENV_GATEWAYS}="$(bash scripts/install-gateways.sh | tail -n 1)" '
-    "(scripts/test.sh does this)"
-)
 ENGINE = Path(__file__).resolve().parent / "grpc_engine.py"
 PINS = {"smg": "1.13.0", "smg-grpc-proto": "0.4.28", "tokenizers": "0.23.3"}
 #: runtime -> (spec_accepted_tokens, spec_draft_tokens) its engine reports

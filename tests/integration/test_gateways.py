@@ -61,6 +61,8 @@ from typing import IO, Any
 import httpx
 import pytest
 from gateway_cases import (
+    ENV_GATEWAYS,
+    INSTALL_HINT,
     SHAPES,
     api_path,
     comparable,
@@ -82,11 +84,6 @@ from simulator_process import SimulatorProcess
 from spec_decode_otel import record_from_json
 from spec_decode_otel.payloads import parse_payloads
 
-ENV_GATEWAYS = "SPEC_DECODE_OTEL_GATEWAYS"
-INSTALL_HINT = (
-    f'export {ENV_GATEWAYS}="$(bash scripts/install-gateways.sh | tail -n 1)" '
-    "(scripts/test.sh does this)"
-)
 SEED = "5150"
 SIMULATOR_FLAGS = ("--level", "detailed", "--k", "4", "--alpha", "0.7", "--seed", SEED)
 

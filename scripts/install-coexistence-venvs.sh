@@ -10,10 +10,13 @@
 # `opentelemetry_instrumentor` entry point under the same name (`openai`), so
 # `opentelemetry-instrument` loads every one installed; the test environment keeps only
 # opentelemetry-instrumentation-openai-v2 (the test extra pins it, and it needs
-# opentelemetry-util-genai 1.1b0 while genai-openai needs 1.3b0). Each venv below holds
-# exactly one other instrumentation, spec-decode-otel's dependencies and openai, at the
-# versions the test environment has (used as constraints). spec-decode-otel itself is not
-# installed: the tests put the work tree's src/ and a copy of its metadata on PYTHONPATH.
+# opentelemetry-util-genai 1.1b0 while genai-openai needs 1.3b0). OpenInference's LiteLLM
+# instrumentation registers one too (`litellm`), which would load in every zero-code test
+# of the test environment (tests/integration/test_litellm_openinference.py uses it). Each
+# venv below holds exactly one other instrumentation (the LiteLLM one with LiteLLM),
+# spec-decode-otel's dependencies and openai, at the versions the test environment has
+# (used as constraints). spec-decode-otel itself is not installed: the tests put the work
+# tree's src/ (and, for the matrix, a copy of its metadata) on PYTHONPATH.
 #
 # Environment:
 #   SPEC_DECODE_OTEL_CACHE  cache root (default: $HOME/.cache/spec-decode-otel)
@@ -30,6 +33,9 @@ declare -A VENVS=(
   [genai-openai]="opentelemetry-instrumentation-genai-openai==1.3b0 opentelemetry-util-genai==1.3b0"
   [openinference]="openinference-instrumentation-openai==0.1.66"
   [openllmetry]="opentelemetry-instrumentation-openai==0.62.4"
+  # OpenInference's LiteLLM instrumentation, with the LiteLLM the test extra pins
+  # (tests/integration/test_litellm_openinference.py).
+  [openinference-litellm]="openinference-instrumentation-litellm==0.1.51 litellm==1.110.2"
 )
 
 # The test environment's versions of what the venvs share with it.

@@ -8,7 +8,11 @@ unset (None).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+#: The test vectors (``*.json``: request, response or chunks, and ``expected_record``).
+WIRE_EXAMPLES = Path(__file__).resolve().parent / "data" / "wire-examples"
 
 
 def dump_like(record: Any, expected: dict[str, Any]) -> dict[str, Any] | None:

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from reliability_helpers import sse
 
+from record_json import WIRE_EXAMPLES
+
 RUNS = int(os.environ.get("SPEC_DECODE_OTEL_ATHERIS_RUNS", "200000"))
 SCRIPT = Path(__file__).with_name("atheris_parse.py")
-WIRE_EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "wire-examples"
 
 
 def _seed(corpus: Path, engine_payloads) -> int:

@@ -24,7 +24,6 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -42,6 +41,7 @@ from reliability_helpers import (
     uninstrumented,
 )
 
+from record_json import WIRE_EXAMPLES
 from spec_decode_otel import (
     SpecDecodeAcceptanceRecord,
     instrument_client,
@@ -66,8 +66,6 @@ FUZZ = settings(
 )
 # The live-SDK property runs two real clients per example: a fifth of the budget.
 FUZZ_SDK = settings(FUZZ, max_examples=max(20, EXAMPLES // 5))
-
-WIRE_EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "wire-examples"
 
 
 def _wire_vectors() -> list[tuple[str, Any]]:

@@ -46,6 +46,7 @@ from opentelemetry import baggage, context, propagate
 from opentelemetry.trace import StatusCode
 from reliability_helpers import API_KEY, Otel, instrumented, internal_errors
 
+from record_json import WIRE_EXAMPLES
 from spec_decode_otel import SpecDecodeInstrumentor, instrument_client
 from spec_decode_otel._logging import RateLimitedLog
 from spec_decode_otel.instrumentation import responses
@@ -66,7 +67,6 @@ from spec_decode_otel.telemetry import (
 
 HERE = Path(__file__).resolve().parent
 MESSAGES = [{"role": "user", "content": "hi"}]
-WIRE_EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "wire-examples"
 
 
 def chat_body(choice_extra: dict[str, Any] | None = None, **root: Any) -> bytes:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import openai
 import pytest
@@ -12,11 +11,9 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from openai_sdk import http, mock_client
-from record_json import dump_like
+from record_json import WIRE_EXAMPLES, dump_like
 from spec_decode_otel.adapters import ParsedResponse, detect
 from spec_decode_otel.capture import is_multi_sequence, last_completion_tokens
-
-WIRE_EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "wire-examples"
 
 
 def vector(stem: str) -> dict:

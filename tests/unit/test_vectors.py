@@ -24,11 +24,10 @@ import pytest
 from openai._models import construct_type
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from record_json import dump_like
+from record_json import WIRE_EXAMPLES, dump_like
 from spec_decode_otel import SpecDecodeAcceptanceRecord, record_from_json
 from spec_decode_otel.adapters import ParsedResponse, detect
 
-WIRE_EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "wire-examples"
 VECTOR_FILES = sorted(WIRE_EXAMPLES.glob("*.json"))
 FLOAT_FIELDS = {"mean_acceptance_length", "draft_acceptance_rate"}
 

@@ -6,8 +6,8 @@ Environment:
   COEX_ORDER     theirs-first | ours-first | theirs-only | ours-only
 
 Every call runs under a root span of its own named ``call <label>``. The script prints
-one JSON object: every finished span (scope, name, ids, attributes) and the sum of each
-``spec_decode.*`` and ``gen_ai.*`` counter or histogram count, by metric name.
+one JSON object: every finished span (scope, name, ids, attributes) and, by metric name,
+the sum of every metric's points (a counter's value, a histogram's count).
 """
 
 from __future__ import annotations

@@ -20,8 +20,11 @@ sync or async, or ``read()``/``text()``): one splitter takes whatever text arriv
 
 from __future__ import annotations
 
+import enum
+import json
 import logging
 import re
+from typing import Any
 
 from spec_decode_otel._logging import rate_limited
 
@@ -30,6 +33,28 @@ from spec_decode_otel._logging import rate_limited
 #: any real chunk, the Responses API's ``response.completed`` (which repeats the whole
 #: output) included. Larger ones give no record; the user's reads are untouched.
 MAX_EVENT_CHARS = 16 * 1024 * 1024
+
+
+class Undecoded(enum.Enum):
+    """Why :func:`decode_json` gave no value."""
+
+    TOO_LARGE = "over MAX_EVENT_CHARS"
+    NOT_JSON = "not JSON"
+
+
+def decode_json(text: str | bytes) -> Any:
+    """A server's JSON text (a body or an event), decoded, or the :class:`Undecoded` reason
+    it was not: over ``MAX_EVENT_CHARS`` (never handed to the decoder), or not JSON, nested
+    too deep for the decoder included. It never raises and never logs: whether a text
+    that is not JSON deserves a debug line (a body read raw) or is expected (the error
+    text LiteLLM logs for a failed call) is for the caller to say."""
+    if len(text) > MAX_EVENT_CHARS:
+        return Undecoded.TOO_LARGE
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return Undecoded.NOT_JSON
+
 
 #: What ends an SSE line (and a line of JSON lines): never U+2028, U+2029 or U+0085.
 LINE_END = re.compile(r"\r\n|\r|\n")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import codecs
 import functools
-import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
@@ -32,7 +31,7 @@ from spec_decode_otel.instrumentation.streams import (
     StreamObserver,
     SyncStreamProxy,
 )
-from spec_decode_otel.sse import MAX_EVENT_CHARS, SseSplitter
+from spec_decode_otel.sse import MAX_EVENT_CHARS, SseSplitter, Undecoded, decode_json
 
 
 def wrap_result(call: Call, result: Any, hide_usage: bool) -> Any:
@@ -189,13 +188,13 @@ class RawBody:
         if data.startswith("[DONE]"):
             self.observer.on_end()
             return
-        try:
-            payload = json.loads(data)
-        except (ValueError, RecursionError):
-            _debug("raw.event", "an SSE event read raw is not JSON (%d characters)", len(data))
-            return
+        payload = decode_json(data)
         if not isinstance(payload, Mapping):
-            _debug("raw.event", "an SSE event read raw is not a JSON object")
+            _debug(
+                "raw.event",
+                "an SSE event read raw is not JSON, or not an object (%d chars)",
+                len(data),
+            )
             return
         if payload.get("error"):
             self.observer.on_error(self._api_error(payload["error"]))
@@ -224,14 +223,14 @@ def _json_body(body: str | bytes) -> Any:
     """A whole response body, decoded; None when it is not JSON (nested too deep for the
     decoder included) or over ``MAX_EVENT_CHARS``: a server's bad body gives a debug log
     and no record, never an internal-error warning."""
-    if len(body) > MAX_EVENT_CHARS:
+    value = decode_json(body)
+    if value is Undecoded.TOO_LARGE:
         _debug_over_bound()
         return None
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
+    if value is Undecoded.NOT_JSON:
         _debug("raw.json", "a body read raw is not JSON (%d characters)", len(body))
         return None
+    return value
 
 
 class _RawResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from wrapt 2

@@ -9,14 +9,13 @@ empty answer) for what it does not recognise.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from spec_decode_otel.sse import MAX_EVENT_CHARS
+from spec_decode_otel.sse import decode_json
 
 #: Request fields that are content (never read, never kept): chat, completions, the
 #: Responses API's and Anthropic Messages'.
@@ -107,12 +106,7 @@ def logged_body(original: Any) -> Mapping[str, Any] | SdkShaped | None:
     the caller falls back to LiteLLM's own response object, as for any body it cannot
     read."""
     if isinstance(original, str):
-        if len(original) > MAX_EVENT_CHARS:
-            return None
-        try:
-            body = json.loads(original)
-        except (ValueError, RecursionError):
-            return None
+        body = decode_json(original)
         if not isinstance(body, Mapping):
             return None
         return body if any(isinstance(body.get(k), list) for k in ("choices", "output")) else None

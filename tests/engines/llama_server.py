@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,14 +126,17 @@ class LlamaServer:
         *,
         spec: bool = True,
         name: str = "llama-server",
+        args: Sequence[str] = (),
     ) -> None:
+        """``args``: more server flags, after the draft's (e.g. ``--spec-type ngram-mod``,
+        which needs no draft model: pass ``draft=None``)."""
         (self.port,) = free_ports(1)
         argv = [str(install.binary), "-m", str(target)]
         if draft is not None:
             argv += ["-md", str(draft)]
             if spec:
                 argv += list(SPEC_ARGS)
-        argv += [*THREAD_ARGS, "--metrics", "--host", "127.0.0.1", "--port", str(self.port)]
+        argv += [*args, *THREAD_ARGS, "--metrics", "--host", "127.0.0.1", "--port", str(self.port)]
         self.argv = argv
         self.process = ManagedProcess(name, argv, child_env({}), workdir / f"{name}.log")
 

@@ -29,7 +29,16 @@ PROBES: tuple[tuple[str, Mapping[str, Any]], ...] = (
     ("stream", {"stream": True}),
     ("stream + include_usage", {"stream": True, "stream_options": {"include_usage": True}}),
 )
-MESSAGES = [{"role": "user", "content": "Explain speculative decoding in two sentences."}]
+#: A prompt whose answer repeats it, so that a drafter that looks up n-grams in the text
+#: (llama.cpp's ngram types, vLLM's and SGLang's n-gram / prompt lookup) has something to
+#: draft: on text that does not repeat it drafts nothing, and llama.cpp then sends no counts.
+MESSAGES = [
+    {
+        "role": "user",
+        "content": "Repeat this line three times, one per line: "
+        "the draft model proposes tokens and the target model verifies them.",
+    }
+]
 #: Longest server error message printed (a server may send pages of HTML).
 MAX_ERROR_CHARS = 200
 WITH_RECORD = {Outcome.RECORDED.value, Outcome.PARTIAL.value}

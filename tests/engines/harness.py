@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,10 @@ M_ACCEPTED_DRAFT_TOKENS = "spec_decode.accepted_draft_tokens"
 # --------------------------------------------------------------------------- raw bodies
 
 
+#: Where an SSE line ends (the event-stream format: CRLF, LF or CR).
+SSE_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
 @dataclass
 class RawExchange:
     """One request and the raw response body the server sent for it."""
@@ -62,7 +67,9 @@ class RawExchange:
         if not self.is_sse:
             return [json.loads(self.text)]
         events = []
-        for line in self.text.splitlines():
+        # Not str.splitlines, which also splits at U+2028/U+2029: llama.cpp sends those
+        # raw inside a JSON string (legal JSON) when the reply holds one.
+        for line in SSE_LINE_END.split(self.text):
             if line.startswith("data:"):
                 data = line[len("data:") :].strip()
                 if data and data != "[DONE]":

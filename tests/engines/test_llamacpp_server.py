@@ -506,4 +506,4 @@ def test_check_reads_the_real_server_with_and_without_drafting(llama_server: Any
             if spec:
                 assert "engine llamacpp  acceptance rate" in lines[probe]
         if not spec:
-            assert "llama.cpp --spec-type with -md" in out
+            assert "llama.cpp --spec-type: draft-simple with -md, or an n-gram type" in out

@@ -31,8 +31,7 @@ so that 64-token replies draft. ``-np 1``: one slot, so ngram-cache's per-slot c
 
 from __future__ import annotations
 
-import json
-import re
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,6 +56,8 @@ from llama_server import M_ACCEPTED_TOKENS as SERVER_ACCEPTED
 from llama_server import M_DRAFT_TOKENS as SERVER_DRAFTED
 from llama_server import M_DRAFTS as SERVER_STEPS
 from llama_server import SPEC_ARGS, LlamaInstall, LlamaServer, StackError
+
+from spec_decode_otel.instrumentation.hints import hints
 
 pytestmark = pytest.mark.engine
 
@@ -167,8 +168,8 @@ def _assert_spans_match(spans: Sequence[Any], raws: Sequence[RawExchange]) -> No
     assert len(spans) == len(raws), [r.path for r in raws]
     for span, raw in zip(spans, raws, strict=True):
         got = spec_attributes(span)
-        want = expected_attributes(_timings(raw))
-        assert {k: got.get(k) for k in want} == want, (got, _timings(raw))
+        want = expected_attributes(raw.timings())
+        assert {k: got.get(k) for k in want} == want, (got, raw.timings())
         assert got[A_OUTCOME] == "partial"
         assert not set(got) & set(STEP_ATTRIBUTES), got
 
@@ -182,8 +183,8 @@ def _assert_totals_reconcile(
     """The server's /metrics deltas == the sum of the raw timings == the OTel counters.
     Returns (drafted, accepted, verification steps from /metrics)."""
     after = server.metrics()
-    drafted = sum(_timings(r).get("draft_n", 0) for r in raws)
-    accepted = sum(_timings(r).get("draft_n_accepted", 0) for r in raws)
+    drafted = sum(r.timings().get("draft_n", 0) for r in raws)
+    accepted = sum(r.timings().get("draft_n_accepted", 0) for r in raws)
     assert after[SERVER_DRAFTED] - before.get(SERVER_DRAFTED, 0.0) == drafted
     assert after[SERVER_ACCEPTED] - before.get(SERVER_ACCEPTED, 0.0) == accepted
     assert telemetry.counter_total(M_DRAFT_TOKENS) == drafted
@@ -191,28 +192,6 @@ def _assert_totals_reconcile(
     steps = after[SERVER_STEPS] - before.get(SERVER_STEPS, 0.0)
     assert steps == int(steps)
     return drafted, accepted, int(steps)
-
-
-#: Where an SSE line ends (the event-stream format: CRLF, LF or CR). Not
-#: ``str.splitlines``, which also splits at U+2028 and U+2029: llama.cpp puts those
-#: characters raw inside a JSON string (legal JSON) when the reply holds one, as the
-#: draft tokens kept by synthetic acceptance here do.
-SSE_LINE_END = re.compile(r"\r\n|\r|\n")
-
-
-def _timings(raw: RawExchange) -> dict[str, Any]:
-    """The one ``timings`` of a raw body or SSE text."""
-    if raw.is_sse:
-        messages = [
-            json.loads(data)
-            for line in SSE_LINE_END.split(raw.text)
-            if line.startswith("data:") and (data := line[5:].strip()) not in ("", "[DONE]")
-        ]
-    else:
-        messages = [json.loads(raw.text)]
-    found = [m["timings"] for m in messages if "timings" in m]
-    assert len(found) == 1, f"{len(found)} messages carry timings in {raw.text[:2000]}"
-    return dict(found[0])
 
 
 # --------------------------------------------------------------------------- n-gram
@@ -238,7 +217,7 @@ def test_ngram_drafter_span_carries_each_responses_timings(
     raws = sink.take()
     assert [r.is_sse for r in raws] == [mode != "raw" for _, mode in SHAPES]
     for raw in raws:
-        timings = _timings(raw)
+        timings = raw.timings()
         assert timings["predicted_n"] == MAX_TOKENS
         assert timings.get("draft_n", 0) > 0, f"{spec_type} drafted nothing: {timings}"
         assert not {"draft_rounds", "draft_kind"} & set(timings)  # not mlx-vlm's fields
@@ -266,7 +245,7 @@ def test_ngram_response_that_drafted_nothing_has_no_counts(
     with sync_client(server.base_url, sink) as client:
         _call(client, endpoint, mode, f"Request 0: {BODY}", max_tokens=2, logit_bias=bias)
     (raw,) = sink.take()
-    timings = _timings(raw)
+    timings = raw.timings()
     assert timings["predicted_n"] == 2
     assert "draft_n" not in timings and "draft_n_accepted" not in timings, timings
     (span,) = telemetry.spans()
@@ -275,6 +254,34 @@ def test_ngram_response_that_drafted_nothing_has_no_counts(
     assert not {A_ENGINE, A_DRAFTED, A_ACCEPTED, A_RATE} & set(attrs), attrs
     drafted, accepted, steps = _assert_totals_reconcile(server, before, telemetry, [raw])
     assert (drafted, accepted, steps) == (0, 0, 0)
+
+
+def test_an_ngram_stream_that_drafted_nothing_gets_no_include_usage_hint(
+    start_server: Callable[..., LlamaServer],
+    telemetry: Telemetry,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The include-usage hint is for engines whose streams carry stats only on the usage
+    chunk (vLLM). A llama.cpp stream carries its counts on the finish chunk without
+    include_usage; one without counts drafted nothing, so after a call that drafted, a
+    stream that did not is no reason to advise include_usage. Before the hint asked the
+    adapters (``usage_chunk_engines``), this sequence logged it."""
+    hints.reset()
+    caplog.set_level(logging.WARNING, logger="spec_decode_otel")
+    server = _ngram_server(start_server, "ngram-mod")
+    bias = _word_bias(server)
+    sink = Exchanges()
+    with sync_client(server.base_url, sink) as client:
+        _call(client, "chat", "raw", f"Request 0: {BODY}", max_tokens=MAX_TOKENS, logit_bias=bias)
+        _call(client, "chat", "stream", f"Request 1: {BODY}", max_tokens=2, logit_bias=bias)
+    drafted, undrafted = sink.take()
+    assert drafted.timings()["draft_n"] > 0
+    assert "draft_n" not in undrafted.timings()
+    outcomes = [spec_attributes(s)[A_OUTCOME] for s in telemetry.spans()]
+    assert outcomes == ["partial", "no_stats"]
+    said = [r.getMessage() for r in caplog.records if r.name == "spec_decode_otel"]
+    assert not [m for m in said if "include_usage" in m], said
+    hints.reset()
 
 
 # --------------------------------------------------------------------------- synthetic
@@ -318,7 +325,7 @@ def test_synthetic_rates_of_ones_and_zeros_give_exact_counts(
             _call(client, endpoint, mode, f"Request {i}: tell me about {i * 7}.", max_tokens=length)
     raws = sink.take()
     expected = [_all_or_nothing_counts(length, n_max, keep) for length in lengths]
-    got = [(_timings(r)["draft_n"], _timings(r)["draft_n_accepted"]) for r in raws]
+    got = [(r.timings()["draft_n"], r.timings()["draft_n_accepted"]) for r in raws]
     assert got == [(d, a) for d, a, _ in expected]
     spans = telemetry.spans()
     _assert_spans_match(spans, raws)
@@ -388,7 +395,7 @@ def test_synthetic_length_sets_the_recorded_rate(
     _assert_spans_match(spans, raws)
     drafted, accepted, steps = _assert_totals_reconcile(server, before, telemetry, raws)
 
-    counts = [(_timings(r)["draft_n"], _timings(r)["draft_n_accepted"]) for r in raws]
+    counts = [(r.timings()["draft_n"], r.timings()["draft_n_accepted"]) for r in raws]
     assert raws[0].path != raws[-1].path and counts[-1] == counts[0]
     batch = [spec_attributes(s) for s in spans[:8]]
     rate = sum(a[A_ACCEPTED] for a in batch) / sum(a[A_DRAFTED] for a in batch)

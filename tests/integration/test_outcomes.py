@@ -307,31 +307,41 @@ def test_invalid_payloads_are_hinted_once_with_the_first_reason(
     assert "Supported engines" in said[0] and "spec-decode-otel parse" in said[0]
 
 
+@pytest.mark.parametrize(
+    ("engine", "with_stats"), [("vllm", "recorded"), ("mlx-vlm", "partial"), ("smg", "partial")]
+)
 def test_streams_without_include_usage_are_hinted_once(
-    otel: Otel, simulator_url: str, warnings_log: Callable[[str], list[str]]
+    otel: Otel,
+    simulator_url: str,
+    warnings_log: Callable[[str], list[str]],
+    engine: str,
+    with_stats: str,
 ) -> None:
-    """vLLM (0.33.0, wire-formats.md) sends streaming stats only on the usage chunk: a
-    server whose non-streaming calls carry stats and whose streams without
-    include_usage carry none is missing include_usage. The hint comes whichever of the
-    two is seen first, and once."""
+    """vLLM (0.33.0, wire-formats.md), mlx-vlm (0.7.10) and the smg gateway's ``usage``
+    pair send streaming stats only on the usage chunk: a server whose non-streaming
+    calls carry stats and whose streams without include_usage carry none is missing
+    include_usage. The hint comes whichever of the two is seen first, and once. (A
+    llama.cpp stream without counts gets none: tests/engines/test_llamacpp_spec_types.py.)"""
     otel.instrument()
     hint = "stream_options.include_usage"
+    headers = {"x-spec-decode-engine": engine}
     with openai.OpenAI(api_key="sk-test", base_url=simulator_url, max_retries=0) as client:
-        stream = Case("no_stats", kwargs={"stream": True}, how="stream")
+        stream = Case("no_stats", headers=headers, kwargs={"stream": True}, how="stream")
+        plain = Case(with_stats, headers=headers)
         _call(client, stream)
         assert warnings_log(hint) == []  # no stats seen from this server yet
-        _call(client, CASES["recorded"])
+        _call(client, plain)
         said = warnings_log(hint)
         assert len(said) == 1
         _call(client, stream)
-        _call(client, CASES["recorded"])
+        _call(client, plain)
     assert warnings_log(hint) == said
     host, port = server_of(simulator_url)
     assert said[0].startswith(f"{host}:{port} sends spec-decode stats on non-streaming calls")
     assert "inject_include_usage=True" in said[0]
     assert "--enable-force-include-usage" in said[0]
     outcomes = [s.attributes["spec_decode.outcome"] for s in otel.spans()]
-    assert outcomes == ["no_stats", "recorded", "no_stats", "recorded"]
+    assert outcomes == ["no_stats", with_stats, "no_stats", with_stats]
 
 
 def test_no_include_usage_hint_when_streams_ask_for_usage_or_stop_early(

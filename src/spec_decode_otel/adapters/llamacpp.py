@@ -43,6 +43,8 @@ class LlamaCppAdapter:
     """Maps llama.cpp-style ``timings`` draft counters (llama.cpp and mlx-vlm)."""
 
     engine: ClassVar[str] = "llamacpp"
+    #: mlx-vlm streams its counters only on the usage chunk; llama.cpp on the finish chunk.
+    usage_chunk_engines: ClassVar[frozenset[str]] = frozenset({"mlx_vlm"})
 
     @classmethod
     def can_adapt(cls, responses: Sequence[ParsedResponse]) -> bool:

@@ -35,6 +35,11 @@ class SpecDecodeAdapter(Protocol):
     stats on, e.g. SGLang's ``return_spec_tokens_details``. The user opts in per engine
     with ``request_engine_stats``; fields the user set are never overwritten.
 
+    ``usage_chunk_engines`` (optional): the engines (``record.engine`` values) among this
+    adapter's records whose streams carry the stats only on the usage chunk, which a
+    server sends only for ``stream_options.include_usage`` (vLLM's merged shape, mlx-vlm,
+    smg's usage pair). Only their servers get the hint to ask for it.
+
     ``fallback`` (optional, default False): a fallback adapter is asked only when no
     other adapter claims the response (for shapes that another engine's own stats
     supersede, like counts a gateway copied into ``usage``).

@@ -156,6 +156,14 @@ def is_fallback(adapter: object) -> bool:
     return getattr(adapter, "fallback", False) is True
 
 
+def stats_need_usage_chunk(engine: str) -> bool:
+    """True when an adapter lists ``engine`` in ``usage_chunk_engines``: its streams
+    carry no stats without ``stream_options.include_usage``. A llama.cpp stream, by
+    contrast, carries its counts on the finish chunk, and lacks them only when nothing
+    was drafted."""
+    return any(engine in getattr(a, "usage_chunk_engines", ()) for a in registered_adapters())
+
+
 def _claimants(
     adapters: Sequence[type[SpecDecodeAdapter]], responses: Sequence[ParsedResponse]
 ) -> list[type[SpecDecodeAdapter]]:

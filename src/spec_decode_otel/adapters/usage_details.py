@@ -55,6 +55,8 @@ class UsageDetailsAdapter:
     engine: ClassVar[str] = "usage_details"
     #: Asked only when no other adapter claims the response.
     fallback: ClassVar[bool] = True
+    #: The pair is in ``usage``: a stream has it only on the usage chunk.
+    usage_chunk_engines: ClassVar[frozenset[str]] = frozenset({"usage_details"})
 
     @classmethod
     def can_adapt(cls, responses: Sequence[ParsedResponse]) -> bool:

@@ -37,6 +37,9 @@ class VllmAdapter:
     """Maps vLLM's merged (root ``metrics``) and pre-merge (per-choice) shapes."""
 
     engine: ClassVar[str] = "vllm"
+    #: The merged shape's stats ride only the usage chunk (the pre-merge shape's ride the
+    #: finish chunk, but that shape is gone from vLLM since 0.33.0).
+    usage_chunk_engines: ClassVar[frozenset[str]] = frozenset({"vllm"})
 
     @classmethod
     def can_adapt(cls, responses: Sequence[ParsedResponse]) -> bool:

@@ -298,6 +298,7 @@ class Call:
             streaming=plan.streaming,
             include_usage=plan.include_usage,
             reason=detection.reason,
+            engine=record.engine if record is not None else None,
         )
         if plan.own_span:
             span.end(None if reclaimed_at is None else reclaimed_at[1])

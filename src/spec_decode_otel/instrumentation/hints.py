@@ -4,9 +4,12 @@ the fix, at WARNING (visible wherever the application shows warnings).
 Three hints, each said at most once per process (by the module's ``hints`` object):
 
 - ``invalid``: a payload was rejected (the first rule it broke is in the message);
-- ``include-usage``: a server sent stats on non-streaming calls, but a stream made
-  without ``stream_options.include_usage`` and read to its end got none (vLLM sends
-  streaming stats only on the usage chunk);
+- ``include-usage``: a server sent stats on non-streaming calls, from an engine whose
+  streams carry them only on the usage chunk (vLLM; the adapters say which,
+  ``usage_chunk_engines``), but a stream made without ``stream_options.include_usage``
+  and read to its end got none. Not for the other engines: a llama.cpp stream without
+  counts is one that drafted nothing (an n-gram drafter finds nothing to draft on text
+  that does not repeat), not one that missed its usage chunk;
 - ``quiet-server``: a server answered ``QUIET_SERVER_CALLS`` calls without stats, and none
   with, while other servers did send stats.
 
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 
 from spec_decode_otel._fork import fork_safe_lock
 from spec_decode_otel._logging import logger
+from spec_decode_otel.adapters.registry import stats_need_usage_chunk
 from spec_decode_otel.outcome import Outcome
 
 #: Calls to one server answered without stats, while other servers sent stats, before
@@ -45,7 +49,8 @@ INCLUDE_USAGE = (
 TURN_STATS_ON = (
     "turn the server's per-request stats on (vLLM --per-request-spec-decode-metrics "
     "summary; SGLang request_engine_stats=('sglang',); TensorRT-LLM "
-    "per_request_spec_decode_stats: true; llama.cpp --spec-type with -md), make vLLM "
+    "per_request_spec_decode_stats: true; llama.cpp --spec-type: draft-simple with -md, "
+    "or an n-gram type, which drafts only where the text repeats), make vLLM "
     "streams ask for them (inject_include_usage=True), and check that no gateway in front "
     "of it strips the fields"
 )
@@ -62,7 +67,7 @@ class _Server:
     without_stats: int = 0
     #: Calls with a record (recorded or partial).
     with_stats: int = 0
-    #: A non-streaming call had stats.
+    #: A non-streaming call had stats from an engine that streams them on the usage chunk.
     non_stream_stats: bool = False
     #: A stream without include_usage, read to its end, had none.
     stream_lost: bool = False
@@ -92,6 +97,7 @@ class Hints:
         streaming: bool,
         include_usage: bool,
         reason: str | None,
+        engine: str | None,
     ) -> None:
         """Note one call's outcome; say a hint the first time its condition holds."""
         say: list[tuple[str, tuple[object, ...]]] = []
@@ -104,7 +110,8 @@ class Hints:
             if state is not None:
                 if outcome in (Outcome.RECORDED, Outcome.PARTIAL):
                     state.with_stats += 1
-                    state.non_stream_stats |= not streaming
+                    if not streaming and engine is not None:
+                        state.non_stream_stats |= stats_need_usage_chunk(engine)
                     self._any_stats = True
                 elif outcome is Outcome.NO_STATS:
                     state.without_stats += 1

@@ -36,6 +36,13 @@ OLDEST_PYTHON=3.10
 LATEST_PYTHONS=(3.12 3.13)
 OPENAI_2_PYTHON=3.11
 OPENAI_2="openai==2.54.0"
+# Frameworks whose releases require openai < 3, tested with openai 2 (in the openai2 venv
+# only; tests/integration/conftest.py keeps the runs on openai 3 from collecting them):
+# Instructor 1.17.0 requires jiter<0.15 (every openai 3 from 3.3.1 on requires >=0.16),
+# llama-index-llms-openai 0.8 (under OpenAILike 0.8.1) requires openai<3. And httpx2, which
+# their span_counter fixture's module (tests/reliability/reliability_helpers.py) imports.
+OPENAI_2_FRAMEWORKS=(instructor==1.17.0 llama-index-llms-openai-like==0.8.1 httpx2)
+OPENAI_2_TESTS=(tests/integration/test_instructor.py tests/integration/test_llamaindex.py)
 TEST_TOOLS=(pytest pytest-asyncio pytest-timeout hypothesis httpx hatchling editables)
 EXTRAS="otlp,simulator,instruments"
 TESTS=(
@@ -122,14 +129,17 @@ latest_pins() {
     grep -v '^-e ' | grep -iv '^spec-decode-otel==' | sort
 }
 
-# build NAME X.Y PINS -> prints the venv's directory (cached; rebuilt when the key changes)
+# build NAME X.Y PINS [PACKAGE...] -> prints the venv's directory (cached; rebuilt when the
+# key changes). PACKAGEs: installed beside the test tools in this venv only.
 build() {
   local name="$1" version="$2" pins="$3" python key venv
+  local extra=("${@:4}")
   python="$(find_python "$version")"
   # Keyed by what decides the tests' outcome: other packages of the main environment may
   # move without a rebuild.
-  key="$(printf '%s\n%s\n%s\n%s\n' "$("$python" -VV)" "$(requirements)" "${TEST_TOOLS[*]}" \
-    "$(grep -iE "^(${KEY_PACKAGES})==" <<<"$pins" || true)" | sha256sum | cut -c1-16)"
+  key="$(printf '%s\n%s\n%s\n%s\n%s\n' "$("$python" -VV)" "$(requirements)" "${TEST_TOOLS[*]}" \
+    "$(grep -iE "^(${KEY_PACKAGES})==" <<<"$pins" || true)" "${extra[*]}" |
+    sha256sum | cut -c1-16)"
   venv="${VENVS}/${name}-${key}"
   if [[ ! -f "${venv}/.complete" ]]; then
     log "building ${venv}"
@@ -137,7 +147,7 @@ build() {
     "$python" -m venv "$venv"
     printf '%s\n' "$pins" >"${venv}/constraints.txt"
     "${venv}/bin/python" -m pip install --quiet --disable-pip-version-check \
-      -c "${venv}/constraints.txt" -e "${REPO}[${EXTRAS}]" "${TEST_TOOLS[@]}" >&2
+      -c "${venv}/constraints.txt" -e "${REPO}[${EXTRAS}]" "${TEST_TOOLS[@]}" "${extra[@]}" >&2
     touch "${venv}/.complete"
   fi
   # This checkout, whatever the venv was built from; then the whole set must agree.
@@ -163,22 +173,26 @@ latest="$(latest_pins)"
 for version in "${LATEST_PYTHONS[@]}"; do
   VENV_OF[latest-py${version}]="$(build "latest-py${version}" "$version" "$latest")"
 done
+# Nor the main environment's jiter (openai 3 needs a newer one than Instructor allows) or
+# setuptools (LlamaIndex's core needs a newer one than a plain Python 3.11 venv has).
 VENV_OF[openai2-py${OPENAI_2_PYTHON}]="$(build "openai2-py${OPENAI_2_PYTHON}" \
-  "$OPENAI_2_PYTHON" "$(grep -iv '^openai==' <<<"$latest"; echo "$OPENAI_2")")"
+  "$OPENAI_2_PYTHON" "$(grep -ivE '^(openai|jiter|setuptools)==' <<<"$latest"; echo "$OPENAI_2")" \
+  "${OPENAI_2_FRAMEWORKS[@]}")"
 
 LOGS="$(mktemp -d)"
 declare -A PID_OF
 for name in "${!VENV_OF[@]}"; do
   venv="${VENV_OF[$name]}"
-  skip=()
-  [[ "$name" == oldest-* ]] && skip=("${OLDEST_SKIP[@]}")
+  args=() # this venv's own: tests deselected, or tests added
+  [[ "$name" == oldest-* ]] && args=("${OLDEST_SKIP[@]}")
+  [[ "$name" == openai2-* ]] && args=("${OPENAI_2_TESTS[@]}")
   versions="$("${venv}/bin/python" -m pip list --format=freeze --disable-pip-version-check |
     grep -iE '^(openai|opentelemetry-(api|sdk|instrumentation)|pydantic|wrapt)==' | tr '\n' ' ')"
   log "${name}: $("${venv}/bin/python" -V) ${versions}"
   (
     cd "$REPO"
     exec "${venv}/bin/python" -m pytest -p no:cacheprovider -q --basetemp="${LOGS}/${name}-tmp" \
-      "${TESTS[@]}" "${skip[@]}"
+      "${TESTS[@]}" "${args[@]}"
   ) >"${LOGS}/${name}.log" 2>&1 &
   PID_OF[$name]=$!
 done

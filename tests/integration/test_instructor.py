@@ -3,9 +3,9 @@ over HTTP.
 
 Not in the main test environment: Instructor 1.17.0 requires ``jiter<0.15`` and every
 openai 3.x from 3.3.1 on requires ``jiter>=0.16``, and the main environment runs openai 3
-(the ``bench`` extra, openai-agents 0.24). This module runs where openai 2 is installed
-(``pip install openai==2.54.0 instructor==1.17.0`` beside the ``test`` tools); elsewhere
-it is skipped at import.
+(the ``bench`` extra, openai-agents 0.24). So this module runs in the version matrix's
+openai 2 venv (scripts/test-matrix.sh: openai 2.54.0, instructor 1.17.0), and the runs
+on openai 3 do not collect it (tests/integration/conftest.py).
 
 How Instructor 1.17.0 calls the SDK (read in the installed source, ``instructor/v2``):
 
@@ -38,14 +38,11 @@ import gc
 import json
 import zlib
 from collections.abc import Iterator
-from typing import Any
-
-import pytest
-
-pytest.importorskip("instructor", minversion="1.17.0")
+from typing import TYPE_CHECKING, Any
 
 import instructor
 import openai
+import pytest
 from framework_relay import Relay
 from instructor.core import InstructorRetryException
 from instrumentation_helpers import (
@@ -62,8 +59,10 @@ from instrumentation_helpers import (
 from opentelemetry.trace import SpanKind, StatusCode
 from pydantic import BaseModel, ValidationInfo, field_validator
 
-from reliability.reliability_helpers import SpanCounter
 from spec_decode_otel import record_from_json
+
+if TYPE_CHECKING:
+    from reliability.reliability_helpers import SpanCounter
 
 Mode = instructor.Mode
 

@@ -4,9 +4,9 @@ against the simulator over HTTP.
 
 Not in the main test environment: ``llama-index-llms-openai`` 0.8.x requires
 ``openai<3``, and the main environment runs openai 3 (the ``bench`` extra, openai-agents
-0.24). This module runs where openai 2 is installed (``pip install openai==2.54.0
-llama-index-llms-openai-like==0.8.1`` beside the ``test`` tools); elsewhere it is
-skipped at import.
+0.24). So this module runs in the version matrix's openai 2 venv
+(scripts/test-matrix.sh: openai 2.54.0, llama-index-llms-openai-like 0.8.1), and the
+runs on openai 3 do not collect it (tests/integration/conftest.py).
 
 How ``OpenAILike`` calls the SDK (read in the installed source):
 
@@ -37,12 +37,9 @@ from __future__ import annotations
 import gc
 import zlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-
-pytest.importorskip("llama_index.llms.openai_like")
-
 from framework_relay import Relay
 from instrumentation_helpers import (
     INCLUDE_USAGE_ENGINES,
@@ -58,8 +55,10 @@ from llama_index.core.llms import ChatMessage
 from llama_index.llms.openai_like import OpenAILike
 from opentelemetry.trace import SpanKind, StatusCode
 
-from reliability.reliability_helpers import SpanCounter
 from spec_decode_otel import record_from_json
+
+if TYPE_CHECKING:
+    from reliability.reliability_helpers import SpanCounter
 
 #: (call, is_chat_model): the calls users make, with the endpoint each one reaches
 CALLS = (

@@ -117,6 +117,11 @@ class Otel:
         """Data points of ``name`` from ``scope`` (None: from any scope)."""
         return [p for m in cls.find(metrics, name, scope) for p in m.data.data_points]
 
+    def requests_by_outcome(self) -> dict[str, int]:
+        """The ``spec_decode.requests`` counter's totals, by outcome."""
+        points = self.points(self.metrics(), "spec_decode.requests")
+        return {p.attributes["spec_decode.outcome"]: p.value for p in points}
+
 
 # -- requests --------------------------------------------------------------------------
 

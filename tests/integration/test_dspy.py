@@ -28,21 +28,16 @@ How DSPy 3.4.1 sends a ``dspy.Predict`` call (read in the installed source):
 from __future__ import annotations
 
 import asyncio
-import gc
-import inspect
 import os
 import time
-import warnings
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
 
 import dspy
-import litellm
 import pytest
-import pytest_asyncio
 from framework_relay import Relay
 from instrumentation_helpers import (
     MODEL,
@@ -51,8 +46,14 @@ from instrumentation_helpers import (
     expected_span_attributes,
     spec_decode_attributes,
 )
-from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
 from opentelemetry.trace import SpanKind, StatusCode
+from test_litellm import (  # noqa: F401  # the fixtures are used by name
+    SETTLE,
+    collect_litellm_leaks,
+    litellm_callbacks,
+    litellm_clients,
+    pytestmark,
+)
 
 from reliability.reliability_helpers import SpanCounter
 from spec_decode_otel import record_from_json
@@ -65,63 +66,6 @@ QUESTION = "What is a zebra-unicorn?"
 ANSWER = "A striped horse with a horn."
 #: what DSPy's ChatAdapter asks the model for, for ``question -> answer``
 ANSWER_TEXT = f"[[ ## answer ## ]]\n{ANSWER}\n\n[[ ## completed ## ]]"
-#: Seconds to wait for LiteLLM's logging (a thread pool for sync calls, a task for async).
-SETTLE = 15.0
-
-# LiteLLM 1.110.2 leaves aiohttp connections to be collected (test_litellm.py says which):
-# their finalizers' warnings are let through here, and no other unraisable one.
-LITELLM_LEAKS = (
-    "<socket.socket",
-    "<function _SelectorTransport.__del__",
-    "<function BaseConnector.__del__",
-    "<function ClientSession.__del__",
-)
-pytestmark = [
-    pytest.mark.asyncio(loop_scope="module"),
-    *(
-        pytest.mark.filterwarnings(
-            f"ignore:Exception ignored in. {leak}:pytest.PytestUnraisableExceptionWarning"
-        )
-        for leak in LITELLM_LEAKS
-    ),
-    pytest.mark.filterwarnings("ignore:Unclosed connector:ResourceWarning"),
-    pytest.mark.filterwarnings("ignore:Unclosed client session:ResourceWarning"),
-]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def collect_litellm_leaks() -> Iterator[None]:
-    """Collect what LiteLLM leaked here, under this module's filters."""
-    yield
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module", autouse=True)
-async def litellm_clients() -> AsyncIterator[None]:
-    """At the end, close every client LiteLLM cached, on the loop they belong to."""
-    yield
-    await close_litellm_async_clients()
-    cache = litellm.in_memory_llm_clients_cache
-    for client in list(cache.cache_dict.values()):
-        close = getattr(client, "aclose", None) or getattr(client, "close", None)
-        if callable(close):
-            result = close()
-            if inspect.isawaitable(result):
-                await result
-    cache.flush_cache()
-
-
-@pytest.fixture(autouse=True)
-def litellm_callbacks() -> Iterator[None]:
-    """LiteLLM's callback lists as they were before the test, after it."""
-    names = ("callbacks", "success_callback", "failure_callback", "input_callback")
-    hidden = ("_async_success_callback", "_async_failure_callback", "_async_input_callback")
-    saved = {name: list(getattr(litellm, name)) for name in (*names, *hidden)}
-    yield
-    for name, value in saved.items():
-        getattr(litellm, name)[:] = value
 
 
 @pytest.fixture
@@ -182,13 +126,6 @@ def check_span(span: Any, record: Any) -> None:
     )
 
 
-def requests_by_outcome(otel: Otel) -> dict[str, int]:
-    return {
-        p.attributes["spec_decode.outcome"]: p.value
-        for p in otel.points(otel.metrics(), "spec_decode.requests")
-    }
-
-
 @pytest.mark.parametrize(("engine", "mode"), CASES)
 @pytest.mark.parametrize("route", ROUTES)
 async def test_each_predict_call_through_litellm_gets_one_span_with_the_record(
@@ -222,7 +159,7 @@ async def test_each_predict_call_through_litellm_gets_one_span_with_the_record(
     (span,) = spans
     check_span(span, record)
     assert span_counter.open == 0
-    assert requests_by_outcome(otel) == {expected_outcome(record): 1}
+    assert otel.requests_by_outcome() == {expected_outcome(record): 1}
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -242,7 +179,7 @@ async def test_repeated_identical_calls_with_the_cache_off_each_get_a_span(
         assert record is not None and record.engine == "vllm"
         check_span(span, record)
     assert span_counter.open == 0
-    assert requests_by_outcome(otel) == {"recorded": 3}
+    assert otel.requests_by_outcome() == {"recorded": 3}
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -281,7 +218,7 @@ async def test_the_default_engine_sends_plain_lms_past_the_openai_sdk_and_litell
     assert not sent_by_the_openai_sdk(relay, 0)
     assert record_from_json(relay.replay(0)) is not None  # the stats were on the wire
     assert otel.spans() == []
-    assert requests_by_outcome(otel) == {}
+    assert otel.requests_by_outcome() == {}
     if mode == "async":
         await lm.aclose()
     lm.close()

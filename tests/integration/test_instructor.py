@@ -192,13 +192,6 @@ def check_spans(otel: Otel, relay: Relay, first: int = 0) -> list[str]:
     return outcomes
 
 
-def requests_by_outcome(otel: Otel) -> dict[str, int]:
-    return {
-        p.attributes["spec_decode.outcome"]: p.value
-        for p in otel.points(otel.metrics(), "spec_decode.requests")
-    }
-
-
 # -- every call pattern --------------------------------------------------------------------
 
 
@@ -232,7 +225,7 @@ async def test_each_structured_call_gets_one_span_with_its_record_and_the_same_r
     assert bool(relay.bodies()[1].get("stream")) == streamed
     (outcome,) = check_spans(otel, relay, first=1)
     assert span_counter.open == 0
-    assert requests_by_outcome(otel) == {outcome: 1}
+    assert otel.requests_by_outcome() == {outcome: 1}
 
 
 # -- retries -------------------------------------------------------------------------------
@@ -295,7 +288,7 @@ async def test_a_validation_retry_gets_one_span_per_attempt(
     assert len(second["messages"]) > len(first["messages"])  # the reask
     assert check_spans(otel, relay, first=2) == ["recorded", "recorded"]
     assert span_counter.open == 0
-    assert requests_by_outcome(otel) == {"recorded": 2}
+    assert otel.requests_by_outcome() == {"recorded": 2}
 
 
 def exhaust(base_url: str, kwargs: dict[str, Any]) -> tuple[str, int]:

@@ -181,13 +181,6 @@ async def settled_spans(otel: Otel, expected: int = 1) -> list[Any]:
     return otel.our_spans()
 
 
-def requests_by_outcome(otel: Otel) -> dict[str, int]:
-    return {
-        p.attributes["spec_decode.outcome"]: p.value
-        for p in otel.points(otel.metrics(), "spec_decode.requests")
-    }
-
-
 def check_metric_points(otel: Otel, record: Any, attrs: dict[str, Any]) -> None:
     """One call's spec-decode metric points, written out from the record."""
     metrics = otel.metrics()
@@ -277,7 +270,7 @@ async def test_each_call_has_one_span_and_the_record_of_its_response(
     if (provider, api) in OWN_HANDLER and stream:
         record = None  # LiteLLM rebuilt the chunks: the usage chunk's metrics are gone
     check_span(span, simulator_url, record, operation)
-    assert requests_by_outcome(otel) == {expected_outcome(record): 1}
+    assert otel.requests_by_outcome() == {expected_outcome(record): 1}
     host, port = server_of(simulator_url)
     check_metric_points(
         otel,
@@ -355,7 +348,7 @@ async def test_own_handler_streams_lose_the_stats_and_say_so(
     (span,) = await settled_spans(otel)
     check_span(span, simulator_url, None, "chat")
     assert span.attributes["gen_ai.usage.output_tokens"] > 0  # include_usage: the server's
-    assert requests_by_outcome(otel) == {"no_stats": 1}
+    assert otel.requests_by_outcome() == {"no_stats": 1}
     check_metric_points(otel, None, {})
     # and the log says it once, with the way out (warn_once: process-wide)
     assert "litellm-stream" in _said_once
@@ -433,7 +426,7 @@ async def test_responses_api_calls_have_one_span_each(
     assert attrs["gen_ai.usage.input_tokens"] == completed["usage"]["input_tokens"]
     assert attrs["gen_ai.usage.output_tokens"] == completed["usage"]["output_tokens"]
     assert attrs["gen_ai.response.finish_reasons"] == ("stop",)
-    assert requests_by_outcome(otel) == {"no_stats": 1}
+    assert otel.requests_by_outcome() == {"no_stats": 1}
     check_metric_points(otel, None, {})
 
 
@@ -461,7 +454,7 @@ async def test_responses_api_calls_with_the_callback_alone_have_one_span_each(
         callback.unregister()
     recorded = provider not in RESPONSES_NATIVE and not stream
     assert span.attributes["spec_decode.outcome"] == ("recorded" if recorded else "no_stats")
-    assert requests_by_outcome(otel) == {span.attributes["spec_decode.outcome"]: 1}
+    assert otel.requests_by_outcome() == {span.attributes["spec_decode.outcome"]: 1}
 
 
 # -- Anthropic's Messages API ------------------------------------------------------------
@@ -514,7 +507,7 @@ async def test_anthropic_messages_calls_have_one_span_with_the_chat_bodys_record
     assert spec_decode_attributes(dict(span.attributes)) == (
         {} if record is None else expected_span_attributes(record)
     )
-    assert requests_by_outcome(otel) == {expected_outcome(record): 1}
+    assert otel.requests_by_outcome() == {expected_outcome(record): 1}
 
 
 # -- the callback alone ------------------------------------------------------------------
@@ -549,7 +542,7 @@ async def test_callback_alone_records_every_route_from_what_litellm_keeps(
     record = spec_decode_otel.record_from_json(expected_payload(simulator_url, span, sdk_kwargs))
     assert record is not None
     check_span(span, simulator_url, record, operation)
-    assert requests_by_outcome(otel) == {expected_outcome(record): 1}
+    assert otel.requests_by_outcome() == {expected_outcome(record): 1}
 
 
 async def test_two_callbacks_still_give_one_record(otel: Otel, simulator_url: str) -> None:
@@ -568,7 +561,7 @@ async def test_two_callbacks_still_give_one_record(otel: Otel, simulator_url: st
     await call("chat", "async", litellm_kwargs("hosted_vllm", sdk_kwargs, simulator_url))
     spans = await settled_spans(otel, 2)
     assert len(spans) == 2
-    assert requests_by_outcome(otel) == {"recorded": 2}
+    assert otel.requests_by_outcome() == {"recorded": 2}
 
 
 @pytest.mark.parametrize("provider", ["hosted_vllm", "openai"])
@@ -648,7 +641,7 @@ async def test_n_greater_than_one_gives_a_span_without_a_record(
     assert spec_decode_attributes(span.attributes) == {}
     assert span.attributes["spec_decode.outcome"] == "multi_sequence"
     assert len(span.attributes["gen_ai.response.finish_reasons"]) == 2
-    assert requests_by_outcome(otel) == {"multi_sequence": 1}
+    assert otel.requests_by_outcome() == {"multi_sequence": 1}
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -679,7 +672,7 @@ async def test_calls_inside_suppress_instrumentation_get_no_span(
         expected_payload(simulator_url, span, hidden)
     )
     check_span(span, simulator_url, record, "chat")
-    assert requests_by_outcome(otel) == {"recorded": 1}
+    assert otel.requests_by_outcome() == {"recorded": 1}
 
 
 @pytest.mark.parametrize("provider", ["hosted_vllm", "openai"])
@@ -711,7 +704,7 @@ async def test_with_litellm_opentelemetry_callback_its_span_and_ours(
     theirs_only = [s for s in otel.spans() if s.instrumentation_scope.name != SCOPE_NAME]
     assert not [k for s in theirs_only for k in s.attributes if k.startswith("spec_decode.")]
     assert ours.attributes["spec_decode.outcome"] == "recorded"
-    assert requests_by_outcome(otel) == {"recorded": 1}
+    assert otel.requests_by_outcome() == {"recorded": 1}
 
 
 # -- errors, user-visible behaviour, LiteLLM's own features ----------------------------------
@@ -740,7 +733,7 @@ async def test_errors_reach_the_user_unchanged_and_one_error_span(
     assert span.status.status_code is StatusCode.ERROR
     assert span.attributes["spec_decode.outcome"] == "error"
     assert span.attributes["error.type"]
-    assert requests_by_outcome(otel) == {"error": 1}
+    assert otel.requests_by_outcome() == {"error": 1}
 
 
 class Recorder(CustomLogger):
@@ -887,7 +880,7 @@ async def test_a_text_stream_cut_by_the_server_as_the_proxy_reads_it_has_one_spa
     assert span.status.status_code is StatusCode.ERROR
     assert span.attributes["spec_decode.outcome"] == "error"
     assert span.attributes["gen_ai.operation.name"] == "text_completion"
-    assert requests_by_outcome(otel) == {"error": 1}
+    assert otel.requests_by_outcome() == {"error": 1}
 
 
 async def test_a_noted_stream_error_excuses_one_failed_call_to_its_server() -> None:

@@ -149,13 +149,6 @@ def check_span(span: Any, record: Any, operation: str) -> None:
     )
 
 
-def requests_by_outcome(otel: Otel) -> dict[str, int]:
-    return {
-        p.attributes["spec_decode.outcome"]: p.value
-        for p in otel.points(otel.metrics(), "spec_decode.requests")
-    }
-
-
 @pytest.mark.parametrize("engine", SHAPES)
 @pytest.mark.parametrize(("call", "chat_model"), CALLS)
 async def test_each_llm_call_gets_one_span_with_its_record_and_the_same_response(
@@ -191,7 +184,7 @@ async def test_each_llm_call_gets_one_span_with_its_record_and_the_same_response
     (span,) = otel.our_spans()
     check_span(span, record, "chat" if chat_model else "text_completion")
     assert span_counter.open == 0
-    assert requests_by_outcome(otel) == {expected_outcome(record): 1}
+    assert otel.requests_by_outcome() == {expected_outcome(record): 1}
 
 
 @pytest.mark.parametrize("call", ["chat", "astream_chat"])

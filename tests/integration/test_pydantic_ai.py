@@ -219,13 +219,6 @@ def check_record(span: Any, record: SpecDecodeAcceptanceRecord | None) -> None:
     assert "spec_decode.read_to_end" not in attrs
 
 
-def requests_by_outcome(otel: Otel) -> dict[str, int]:
-    return {
-        p.attributes["spec_decode.outcome"]: p.value
-        for p in otel.points(otel.metrics(), "spec_decode.requests")
-    }
-
-
 # -- every call pattern, every engine shape ----------------------------------------------
 
 
@@ -268,7 +261,7 @@ def test_each_model_request_of_a_chat_agent_gets_one_span_with_its_response_reco
     assert scope_of(span) == SCOPE_NAME
     check_record(span, record)
     assert span_counter.open == 0
-    assert requests_by_outcome(otel) == {expected_outcome(record): 1}
+    assert otel.requests_by_outcome() == {expected_outcome(record): 1}
 
 
 def test_a_run_that_retries_gets_one_span_per_model_request(
@@ -297,7 +290,7 @@ def test_a_run_that_retries_gets_one_span_per_model_request(
     for span in spans:
         check_record(span, record)
     assert span_counter.open == 0
-    assert requests_by_outcome(otel) == {"recorded": 2}
+    assert otel.requests_by_outcome() == {"recorded": 2}
 
 
 def test_max_retries_setting_goes_through_a_derived_client_that_is_still_covered(
@@ -369,7 +362,7 @@ def test_run_stream_left_before_the_end_is_not_read_to_end(
     assert attrs["spec_decode.read_to_end"] is False
     assert spec_decode_attributes(attrs) == {}
     assert span_counter.open == 0
-    assert requests_by_outcome(otel) == {"not_read_to_end": 1}
+    assert otel.requests_by_outcome() == {"not_read_to_end": 1}
 
 
 # -- the Responses model ------------------------------------------------------------------
@@ -466,4 +459,4 @@ def test_with_pydantic_ai_instrumentation_the_record_lands_on_its_chat_span(
         ("input", 1),
         ("output", 1),
     ]
-    assert requests_by_outcome(otel) == {"recorded": 1}
+    assert otel.requests_by_outcome() == {"recorded": 1}

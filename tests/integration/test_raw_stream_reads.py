@@ -114,11 +114,6 @@ def take_span(otel: Otel) -> Any:
     return span
 
 
-def requests_by_outcome(otel: Otel) -> dict[str, int]:
-    points = otel.points(otel.metrics(), "spec_decode.requests")
-    return {p.attributes["spec_decode.outcome"]: p.value for p in points}
-
-
 def sse_text(events: list[Any], line_end: str = "\n", multiline: bool = False) -> bytes:
     """An SSE body of ``events`` (JSON objects, or ``[DONE]``), non-ASCII kept raw;
     ``multiline``: each object's JSON spread over several ``data:`` lines."""
@@ -180,7 +175,7 @@ async def test_a_stream_read_raw_gives_the_span_and_metrics_parse_gives(
     record = spec_decode_otel.record_from_json(raw_payload(simulator_url, "chat", kwargs))
     assert record is not None
     assert spec_decode_attributes(span.attributes) == expected_span_attributes(record)
-    assert requests_by_outcome(instrumented) == {"recorded": 2}
+    assert instrumented.requests_by_outcome() == {"recorded": 2}
     (duration,) = instrumented.points(instrumented.metrics(), "gen_ai.client.operation.duration")
     assert duration.count == 2
 
@@ -456,7 +451,7 @@ async def test_every_way_out_of_a_raw_read_ends_the_call_exactly_once(
         assert spec_decode_attributes(span.attributes)["spec_decode.engine"] == "vllm"
     else:  # vLLM's stats ride the final usage chunk: only a body read to it has them
         assert spec_decode_attributes(span.attributes) == {}
-    assert requests_by_outcome(instrumented) == {outcome: 1}
+    assert instrumented.requests_by_outcome() == {outcome: 1}
 
 
 # -- hostile bodies -----------------------------------------------------------------------

@@ -7,7 +7,9 @@ stream that asks for the usage chunk — go through a client instrumented exactl
 application, with in-memory OpenTelemetry providers. Each request's line is read from
 the span the instrumentation ended: its outcome and what its record holds. The hints
 after them are the instrumentation's own log lines, the ones an application gets; when
-no request had stats, the command says where each engine switches them on. Nothing is
+no request had stats, the command says what to switch on: for the engine whose fields
+the plain call's body shows without stats (vLLM's per-request ``metrics``, llama.cpp's
+``timings``), that engine's switch, else where each engine switches them on. Nothing is
 exported.
 """
 
@@ -22,6 +24,7 @@ from typing import Any
 from spec_decode_otel._logging import logger
 from spec_decode_otel.instrumentation.hints import TURN_STATS_ON
 from spec_decode_otel.outcome import Outcome
+from spec_decode_otel.sse import decode_json
 
 #: The requests made, by label: what the SDK call adds to model, messages and max_tokens.
 PROBES: tuple[tuple[str, Mapping[str, Any]], ...] = (
@@ -120,9 +123,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # an unknown engine
         raise SystemExit(f"spec-decode-otel check: {exc}") from None
     outcomes = []
+    body: Any = None
     print(f"{args.base_url}  model {args.model}")
     for label, extra in PROBES:
-        problem = _request(client, args, extra)
+        problem, answer = _request(client, args, extra)
+        body = body if body is not None else answer
         ended = spans.get_finished_spans()
         spans.clear()
         attributes = (ended[-1].attributes or {}) if ended else {}
@@ -137,10 +142,9 @@ def run(args: argparse.Namespace) -> int:
         print("\nNo call succeeded: check the URL, the model and the key (--header for a gateway).")
         return 1
     if not WITH_RECORD.intersection(outcomes):
-        print(
-            "\nNo response carried spec-decode stats. To get them, "
-            f"{TURN_STATS_ON} (README: Why is my dashboard empty?)."
-        )
+        fix = _fix_for(body) or f"To get them, {TURN_STATS_ON}"
+        print(f"\nNo response carried spec-decode stats. {fix}", end="")
+        print(" (README: Why is my dashboard empty?).")
         return 1
     return 0
 
@@ -152,22 +156,56 @@ def _header(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
-def _request(client: Any, args: argparse.Namespace, extra: Mapping[str, Any]) -> str | None:
-    """Make one request and read it to its end; what went wrong, else None."""
+def _request(
+    client: Any, args: argparse.Namespace, extra: Mapping[str, Any]
+) -> tuple[str | None, Any]:
+    """Make one request and read it to its end: what went wrong, else None, and the
+    decoded body of a call that is not streamed (read raw, then parsed as an application
+    would, which ends its span), else None."""
     import openai
 
+    body = None
     try:
-        result = client.chat.completions.create(
-            model=args.model, messages=MESSAGES, max_tokens=args.max_tokens, **extra
-        )
         if extra.get("stream"):
-            for _ in result:
+            for _ in client.chat.completions.create(
+                model=args.model, messages=MESSAGES, max_tokens=args.max_tokens, **extra
+            ):
                 pass
+        else:
+            raw = client.chat.completions.with_raw_response.create(
+                model=args.model, messages=MESSAGES, max_tokens=args.max_tokens, **extra
+            )
+            raw.parse()
+            body = decode_json(raw.http_response.content)
     except openai.APIStatusError as exc:
-        return f"HTTP {exc.status_code}: {str(exc.message)[:MAX_ERROR_CHARS]}"
+        return f"HTTP {exc.status_code}: {str(exc.message)[:MAX_ERROR_CHARS]}", None
     except Exception as exc:  # whatever the server does (older SDKs raise a cut stream's
         # transport error as it is), the command reports it rather than a traceback
-        return f"{type(exc).__name__}: {str(exc)[:MAX_ERROR_CHARS]}"
+        return f"{type(exc).__name__}: {str(exc)[:MAX_ERROR_CHARS]}", None
+    return None, body
+
+
+def _fix_for(body: Any) -> str | None:
+    """The one switch to name when the body shows which engine answered without stats:
+    vLLM's per-request ``metrics`` whose ``speculative_decoding`` is null (0.34.0: the
+    server runs without a speculative config, or without per-request spec-decode
+    metrics), or ``timings`` without draft counts (llama.cpp sends them only for a reply
+    it drafted for; mlx-vlm sends null ones without a drafter)."""
+    if not isinstance(body, Mapping):
+        return None
+    metrics, timings = body.get("metrics"), body.get("timings")
+    if isinstance(metrics, Mapping) and not metrics.get("speculative_decoding"):
+        return (
+            "The server sends vLLM's per-request metrics without speculative_decoding: "
+            "start vLLM with --speculative-config and --per-request-spec-decode-metrics summary"
+        )
+    if isinstance(timings, Mapping) and timings.get("draft_n") is None:
+        return (
+            "The server sends timings (llama.cpp, mlx-vlm) without draft counts, so nothing "
+            "was drafted for this reply: start llama-server with --spec-type (draft-simple "
+            "with -md, or an n-gram type, which drafts only where the text repeats), or give "
+            "mlx-vlm a drafter"
+        )
     return None
 
 

@@ -494,7 +494,8 @@ def test_check_reads_the_real_server_with_and_without_drafting(llama_server: Any
     ``--spec-type``): the plain call and both streams are partial records of engine
     llamacpp (it sends ``timings`` on a stream's final chunk whether or not the request
     asks for usage) and the command exits 0. The draft loaded without a spec type: no
-    call has stats, and it exits 1 naming llama.cpp's switch."""
+    call has stats, and it exits 1 naming llama.cpp's switch, told by the ``timings``
+    without draft counts that the server sends."""
     for spec, status, outcome in ((True, 0, "partial"), (False, 1, "no_stats")):
         server = llama_server("identical", spec=spec)
         exit_status, lines, out = run_check(
@@ -506,4 +507,5 @@ def test_check_reads_the_real_server_with_and_without_drafting(llama_server: Any
             if spec:
                 assert "engine llamacpp  acceptance rate" in lines[probe]
         if not spec:
-            assert "llama.cpp --spec-type: draft-simple with -md, or an n-gram type" in out
+            assert "sends timings (llama.cpp, mlx-vlm) without draft counts" in out
+            assert "--spec-type (draft-simple with -md, or an n-gram type" in out

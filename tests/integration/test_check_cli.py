@@ -84,6 +84,28 @@ def test_check_on_a_server_without_stats_says_how_to_turn_them_on_and_fails(
     assert status == 1
 
 
+def test_check_names_vllms_switch_when_its_metrics_come_without_spec_decoding(
+    simulator_url: str,
+) -> None:
+    """The simulator's vLLM shape at level none, as vLLM 0.34.0 answers without a
+    speculative config: root ``metrics`` with timing fields and ``speculative_decoding``
+    null. Every call is no_stats, and the command names vLLM's two switches instead of
+    every engine's."""
+    status, lines, out = check(
+        simulator_url,
+        "--header",
+        "x-spec-decode-engine: vllm",
+        "--header",
+        "x-spec-decode-level: none",
+    )
+    assert [lines[p] for p in PROBES] == ["no_stats"] * 3
+    said = " ".join(out.split())
+    assert "sends vLLM's per-request metrics without speculative_decoding" in said
+    assert "--speculative-config and --per-request-spec-decode-metrics summary" in said
+    assert TURN_STATS_ON not in said
+    assert status == 1
+
+
 def test_check_reports_a_failing_server_without_a_traceback(simulator_url: str) -> None:
     """The server answers HTTP 500 (the simulator's ``http-500`` fault): each call's line
     says so, and the command exits 1, as when nothing has stats."""

@@ -2,7 +2,9 @@
 complete event, as the ``openai`` SDK's own SSE decoder dispatches it, in bounded memory.
 
 Used for response bodies the user reads raw (``iter_lines``/``iter_text``/``iter_bytes``,
-sync or async, or ``read()``/``text()``): one splitter takes whatever text arrives.
+sync or async, or ``read()``/``text()``): one splitter takes whatever text arrives. The
+JSON of an event, of a whole body, or of one LiteLLM logged, is decoded by
+:func:`decode_json`, under the same bound.
 
 - A line ends at ``\\r\\n``, ``\\n`` or ``\\r``; a ``\\r\\n`` split between two pieces is
   one line end.

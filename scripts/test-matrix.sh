@@ -11,6 +11,8 @@
 #   latest-py3.13  ($PYTHON's packages, used as constraints): the latest, as the main run.
 #   openai2-py3.11 openai's major 2 (its last release), between the floor (1.x) and the
 #                  latest (3.x) the instruments extra allows; the other packages as latest.
+#                  Also the tests of frameworks that require openai < 3 (Instructor,
+#                  LlamaIndex), installed in this venv only.
 #
 # Venvs are cached under $SPEC_DECODE_OTEL_CACHE/venvs (default ~/.cache/spec-decode-otel),
 # keyed by interpreter, pins and requirements. The project itself is installed from this

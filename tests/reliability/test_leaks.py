@@ -24,7 +24,7 @@ import os
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx2
@@ -40,6 +40,7 @@ from reliability_helpers import (
 )
 
 from reclaimed import collect
+from spec_decode_otel import integrations
 from spec_decode_otel.instrumentation.responses import (
     AsyncRawResponseProxy,
     SyncRawResponseProxy,
@@ -152,6 +153,23 @@ async def run_async_calls(client: Any, count: int, start: int = 0, batch: int = 
     for first in range(start, start + count, batch):
         last = min(first + batch, start + count)
         await asyncio.gather(*(async_call(client, i, messages) for i in range(first, last)))
+
+
+@pytest.fixture(autouse=True)
+def no_litellm_call_open() -> Iterator[None]:
+    """While a LiteLLM call is open, the openai wrapper notes each SDK stream for the
+    LiteLLM callback (``integrations.note_openai_stream``: a cache bounded at
+    ``MAX_STREAMS``), and a call LiteLLM never reports ended stays open until newer ones
+    push it out. An earlier test's such call would fill that cache here, one entry per
+    stream, and read as growth: with one call held open the async test reads over 5,000
+    blocks more, and a fresh-venv CI run, after some earlier test's LiteLLM call was never
+    reported ended, read 2,119. No LiteLLM runs here, so these tests start with none open."""
+    saved = integrations._open_litellm_calls
+    integrations.set_open_litellm_calls(0)
+    try:
+        yield
+    finally:
+        integrations.set_open_litellm_calls(saved)
 
 
 @pytest.fixture

@@ -11,6 +11,8 @@ sends): every other field, the engine's speculative-decoding stats, usage, ids, 
 reasons and the number and order of stream events, is the simulator's. Without
 ``answer`` the bytes pass unchanged.
 
+``check_span`` holds what every framework test asserts of one span.
+
 ``Relay.replay(i)`` sends the ``i``-th recorded request again straight to the simulator
 (no relay, no instrumentation); with its ``x-sim-seed`` header the simulator answers the
 same sample, whose ``record_from_json`` is what the span of that request must carry.
@@ -26,6 +28,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
+from instrumentation_helpers import (
+    MODEL,
+    expected_outcome,
+    expected_span_attributes,
+    spec_decode_attributes,
+)
+from opentelemetry.trace import SpanKind, StatusCode
 
 from spec_decode_otel.payloads import parse_payloads
 
@@ -124,11 +133,13 @@ def replace_stream_text(events: list[str], text: str, tool: str | None = None) -
 class Relay:
     """The relay: ``url`` is its base URL (``http://127.0.0.1:PORT/v1``)."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(
+        self, upstream: str, answer: Callable[[dict[str, Any]], str | None] | None = None
+    ) -> None:
         self.upstream = upstream.rstrip("/")
         self.requests: list[Recorded] = []
         #: the text to answer a request (its decoded body) with; None: the simulator's
-        self.answer: Callable[[dict[str, Any]], str | None] | None = None
+        self.answer = answer
         self._client = httpx.Client(timeout=30)
         self._lock = threading.Lock()
         relay = self
@@ -205,3 +216,25 @@ class Relay:
         self._server.server_close()
         self._thread.join(10)
         self._client.close()
+
+    def __enter__(self) -> Relay:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def check_span(span: Any, record: Any, operation: str = "chat") -> None:
+    """One of our spans, for a call the framework completed normally: a client span named
+    after the operation and the model, carrying ``record``'s attributes and outcome."""
+    attrs = dict(span.attributes or {})
+    assert span.kind is SpanKind.CLIENT
+    assert span.status.status_code is StatusCode.UNSET
+    assert span.name == f"{operation} {MODEL}"
+    assert attrs["gen_ai.operation.name"] == operation
+    assert attrs["gen_ai.request.model"] == MODEL
+    assert attrs["spec_decode.outcome"] == expected_outcome(record)
+    assert "spec_decode.read_to_end" not in attrs
+    assert spec_decode_attributes(attrs) == (
+        {} if record is None else expected_span_attributes(record)
+    )

@@ -38,15 +38,12 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at i
 
 import dspy
 import pytest
-from framework_relay import Relay
+from framework_relay import Relay, check_span
 from instrumentation_helpers import (
     MODEL,
     Otel,
     expected_outcome,
-    expected_span_attributes,
-    spec_decode_attributes,
 )
-from opentelemetry.trace import SpanKind, StatusCode
 from test_litellm import (  # noqa: F401  # the fixtures are used by name
     SETTLE,
     collect_litellm_leaks,
@@ -70,12 +67,8 @@ ANSWER_TEXT = f"[[ ## answer ## ]]\n{ANSWER}\n\n[[ ## completed ## ]]"
 
 @pytest.fixture
 def relay(simulator_url: str) -> Iterator[Relay]:
-    r = Relay(simulator_url)
-    r.answer = lambda request: ANSWER_TEXT
-    try:
+    with Relay(simulator_url, lambda request: ANSWER_TEXT) as r:
         yield r
-    finally:
-        r.close()
 
 
 def seed_for(*parts: str) -> int:
@@ -112,18 +105,6 @@ async def settled_spans(otel: Otel, expected: int) -> list[Any]:
 
 def sent_by_the_openai_sdk(relay: Relay, index: int) -> bool:
     return "x-stainless-lang" in relay.requests[index].headers
-
-
-def check_span(span: Any, record: Any) -> None:
-    attrs = dict(span.attributes or {})
-    assert span.kind is SpanKind.CLIENT
-    assert span.status.status_code is StatusCode.UNSET
-    assert span.name == f"chat {MODEL}"
-    assert attrs["gen_ai.request.model"] == MODEL
-    assert attrs["spec_decode.outcome"] == expected_outcome(record)
-    assert spec_decode_attributes(attrs) == (
-        {} if record is None else expected_span_attributes(record)
-    )
 
 
 @pytest.mark.parametrize(("engine", "mode"), CASES)

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import instructor
 import openai
 import pytest
-from framework_relay import Relay
+from framework_relay import Relay, check_span
 from instructor.core import InstructorRetryException
 from instrumentation_helpers import (
     ENGINES,
@@ -53,10 +53,8 @@ from instrumentation_helpers import (
     Otel,
     dumps_without_volatile,
     expected_outcome,
-    expected_span_attributes,
     spec_decode_attributes,
 )
-from opentelemetry.trace import SpanKind, StatusCode
 from pydantic import BaseModel, ValidationInfo, field_validator
 
 from spec_decode_otel import record_from_json
@@ -115,12 +113,8 @@ def answer_for(request: dict[str, Any]) -> str:
 
 @pytest.fixture
 def relay(simulator_url: str) -> Iterator[Relay]:
-    r = Relay(simulator_url)
-    r.answer = answer_for
-    try:
+    with Relay(simulator_url, answer_for) as r:
         yield r
-    finally:
-        r.close()
 
 
 def call_kwargs(engine: str, seed: int, streamed: bool) -> dict[str, Any]:
@@ -165,18 +159,6 @@ async def drive(base_url: str, pattern: str, mode: str, kwargs: dict[str, Any]) 
         if pattern == "create_iterable":
             return dumped(list(sync.create_iterable(response_model=Person, **kwargs)))
         return dumped(getattr(sync, pattern)(response_model=Person, **kwargs))
-
-
-def check_span(span: Any, record: Any) -> None:
-    attrs = dict(span.attributes or {})
-    assert span.kind is SpanKind.CLIENT
-    assert span.status.status_code is StatusCode.UNSET
-    assert span.name == f"chat {MODEL}"
-    assert attrs["spec_decode.outcome"] == expected_outcome(record)
-    assert "spec_decode.read_to_end" not in attrs
-    assert spec_decode_attributes(attrs) == (
-        {} if record is None else expected_span_attributes(record)
-    )
 
 
 def check_spans(otel: Otel, relay: Relay, first: int = 0) -> list[str]:

@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from framework_relay import Relay
+from framework_relay import Relay, check_span
 from instrumentation_helpers import (
     INCLUDE_USAGE_ENGINES,
     MODEL,
@@ -48,12 +48,9 @@ from instrumentation_helpers import (
     Otel,
     dumps_without_volatile,
     expected_outcome,
-    expected_span_attributes,
-    spec_decode_attributes,
 )
 from llama_index.core.llms import ChatMessage
 from llama_index.llms.openai_like import OpenAILike
-from opentelemetry.trace import SpanKind, StatusCode
 
 from spec_decode_otel import record_from_json
 
@@ -83,11 +80,8 @@ def seed_for(*parts: str) -> int:
 
 @pytest.fixture
 def relay(simulator_url: str) -> Iterator[Relay]:
-    r = Relay(simulator_url)
-    try:
+    with Relay(simulator_url) as r:
         yield r
-    finally:
-        r.close()
 
 
 def make_llm(base_url: str, engine: str, seed: int, chat_model: bool, **extra: Any) -> OpenAILike:
@@ -134,19 +128,6 @@ async def close(llm: OpenAILike) -> None:
         llm._client.close()
     if llm._aclient is not None:
         await llm._aclient.close()
-
-
-def check_span(span: Any, record: Any, operation: str) -> None:
-    attrs = dict(span.attributes or {})
-    assert span.kind is SpanKind.CLIENT
-    assert span.status.status_code is StatusCode.UNSET
-    assert span.name == f"{operation} {MODEL}"
-    assert attrs["gen_ai.operation.name"] == operation
-    assert attrs["spec_decode.outcome"] == expected_outcome(record)
-    assert "spec_decode.read_to_end" not in attrs
-    assert spec_decode_attributes(attrs) == (
-        {} if record is None else expected_span_attributes(record)
-    )
 
 
 @pytest.mark.parametrize("engine", SHAPES)

@@ -61,10 +61,10 @@ class StreamObserver:
         on the chunk or a choice, usage, or a finish reason.
         """
         try:
+            if not hasattr(chunk, "choices"):
+                return self._observe_other(chunk)
             if self.first_at is None:
                 self._first(getattr(chunk, "model", None), getattr(chunk, "id", None))
-            if not hasattr(chunk, "choices"):
-                return self._observe_event(chunk)
             # capture.sdk_choices's check, inline on this per-chunk path: the SDK never
             # checks its fields, so any JSON can be here.
             choices = chunk.choices
@@ -119,6 +119,18 @@ class StreamObserver:
                 self.kept.append(payload)
         except Exception:
             report_internal_error("stream.observe_payload")
+
+    def _observe_other(self, chunk: Any) -> bool:
+        """A chunk without ``choices``: a Responses API event, or a chunk or event the
+        SDK left as the server's JSON (a stream parsed with ``to=Stream[dict]``)."""
+        if isinstance(chunk, Mapping):
+            self.observe_payload(chunk)
+            choices = chunk.get("choices")
+            usage = chunk.get("usage")
+            return not (self.hide_usage_chunk and choices == [] and usage is not None)
+        if self.first_at is None:
+            self._first(getattr(chunk, "model", None), getattr(chunk, "id", None))
+        return self._observe_event(chunk)
 
     def _observe_event(self, event: Any) -> bool:
         """A Responses API stream event: kept when it carries a non-standard field

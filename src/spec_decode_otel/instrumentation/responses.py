@@ -276,6 +276,13 @@ class _RawResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic
 
     def _closed(self) -> None:
         end = self._ending()
+        if end is None and self._self_parsed is not None:
+            # The user's parse() gave a stream: closing the response ends it (the SDK's
+            # ``with_streaming_response`` block closes it at its exit). Not on reclaim:
+            # the stream may outlive this response object and still be read.
+            parsed = self._self_parsed[1]
+            if isinstance(parsed, (SyncStreamProxy, AsyncStreamProxy)):
+                end = parsed._self_observer.on_stop
         if end is not None:
             end()
 

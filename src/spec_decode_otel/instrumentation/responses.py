@@ -298,6 +298,11 @@ class SyncRawResponseProxy(_RawResponseProxy):
     def parse(self, *args: Any, **kwargs: Any) -> Any:
         return self._observe_parsed(self.__wrapped__.parse(*args, **kwargs))
 
+
+class SyncStreamedResponseProxy(SyncRawResponseProxy):
+    """Wraps ``APIResponse`` (``with_streaming_response``): also watches ``json()``,
+    ``close()`` and the raw reads, which ``LegacyAPIResponse`` does not have."""
+
     def json(self, *args: Any, **kwargs: Any) -> Any:
         return self._observe_json(self.__wrapped__.json(*args, **kwargs))
 
@@ -306,10 +311,6 @@ class SyncRawResponseProxy(_RawResponseProxy):
             self.__wrapped__.close()
         finally:
             self._closed()
-
-
-class SyncStreamedResponseProxy(SyncRawResponseProxy):
-    """Wraps ``APIResponse`` (``with_streaming_response``): also watches the raw reads."""
 
     def read(self) -> Any:
         raw = self._raw_body()

@@ -1,0 +1,169 @@
+"""Edges of the stream and raw-response proxies not pinned elsewhere, found by probing
+them with the real ``openai`` SDK (3.63.0) against the simulator.
+
+- A ``with_streaming_response`` whose body the user ``.parse()``-d into a stream and
+  left (the ``with`` block's exit closes the response) ends the call at that exit, as a
+  stream's own ``with`` exit does, not when the collector reclaims the stream.
+- A stream parsed into plain dicts (``parse(to=openai.Stream[dict])``) shows the user what
+  the bare SDK shows (our injected usage chunk hidden) and is recorded like any stream.
+- A ``with_raw_response`` response has no ``close()`` or ``json()`` in the SDK: the
+  proxy adds neither.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+from instrumentation_helpers import (
+    MESSAGES,
+    MODEL,
+    Otel,
+    dumps_without_volatile,
+    fingerprint_left_on_the_usage_chunk,
+)
+from opentelemetry.trace import StatusCode
+
+from reclaimed import collect
+
+MODES = ["sync", "async"]
+
+
+def kwargs_for(seed: int, **extra: Any) -> dict[str, Any]:
+    """A vLLM-shaped stream; its stats ride the usage chunk."""
+    return {
+        "model": MODEL,
+        "messages": MESSAGES,
+        "stream": True,
+        "extra_headers": {"x-spec-decode-engine": "vllm", "x-sim-seed": str(seed)},
+        **extra,
+    }
+
+
+# -- with_streaming_response + parse(), left early ----------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_leaving_a_streaming_response_with_its_parsed_stream_half_read_ends_the_call(
+    mode: str, instrumented: Otel, openai_client: Any, async_openai_client: Any
+) -> None:
+    """``with client.chat.completions.with_streaming_response.create(stream=True) as r:
+    s = r.parse(); next(s)`` then the block's end: the SDK (3.63.0,
+    ``ResponseContextManager.__exit__``) closes the response, so the stream is over. The
+    span must end there, not stay open for as long as the user keeps ``s`` (then be
+    dated whenever the collector gets to it)."""
+    kwargs = kwargs_for(61, stream_options={"include_usage": True})
+    if mode == "sync":
+        with openai_client.chat.completions.with_streaming_response.create(**kwargs) as raw:
+            stream = raw.parse()
+            next(stream)
+            assert instrumented.spans() == []
+    else:
+        async with async_openai_client.chat.completions.with_streaming_response.create(
+            **kwargs
+        ) as raw:
+            stream = await raw.parse()
+            await stream.__anext__()
+            assert instrumented.spans() == []
+    span = instrumented.only_span()  # ended at the exit, while ``stream`` is still held
+    assert span.attributes["spec_decode.outcome"] == "not_read_to_end"
+    assert span.attributes["spec_decode.read_to_end"] is False
+    assert span.status.status_code is StatusCode.UNSET
+    del stream, raw
+    collect()
+    assert len(instrumented.spans()) == 1
+    assert instrumented.requests_by_outcome() == {"not_read_to_end": 1}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_parsed_stream_read_to_its_end_keeps_its_record_at_the_block_exit(
+    mode: str, instrumented: Otel, openai_client: Any, async_openai_client: Any
+) -> None:
+    """The exit that closes the response after the user read the parsed stream to its
+    end changes nothing: one span, recorded."""
+    kwargs = kwargs_for(62, stream_options={"include_usage": True})
+    if mode == "sync":
+        with openai_client.chat.completions.with_streaming_response.create(**kwargs) as raw:
+            list(raw.parse())
+    else:
+        async with async_openai_client.chat.completions.with_streaming_response.create(
+            **kwargs
+        ) as raw:
+            [chunk async for chunk in await raw.parse()]
+    span = instrumented.only_span()
+    assert span.attributes["spec_decode.outcome"] == "recorded"
+    assert "spec_decode.read_to_end" not in span.attributes
+
+
+# -- a stream of dicts -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_stream_parsed_into_dicts_hides_our_usage_chunk_and_is_recorded(
+    mode: str, otel: Otel, openai_client: Any, async_openai_client: Any
+) -> None:
+    """``response.parse(to=openai.Stream[dict])`` (the SDK's documented ``to=`` of
+    ``parse()``, 3.63.0 ``_response.py``) gives the chunks as the JSON dicts the server
+    sent. With ``inject_include_usage`` the user, who did not ask for usage, must not get
+    the usage chunk we asked for (``{"choices": [], "usage": ...}``), and vLLM's stats on
+    that chunk must give the span its record, as with SDK chunk objects."""
+
+    async def chunks() -> list[Any]:
+        kwargs = kwargs_for(63)
+        if mode == "sync":
+            with openai_client.chat.completions.with_streaming_response.create(**kwargs) as raw:
+                return list(raw.parse(to=openai.Stream[dict]))
+        async with async_openai_client.chat.completions.with_streaming_response.create(
+            **kwargs
+        ) as raw:
+            return [c async for c in await raw.parse(to=openai.AsyncStream[dict])]
+
+    bare = await chunks()
+    otel.instrument(inject_include_usage=True)
+    ours = await chunks()
+    assert all(isinstance(chunk, dict) for chunk in ours)
+    assert dumps_without_volatile(ours) == fingerprint_left_on_the_usage_chunk(
+        dumps_without_volatile(bare)
+    )
+    span = otel.only_span()
+    assert span.attributes["spec_decode.outcome"] == "recorded"
+    assert span.attributes["spec_decode.engine"] == "vllm"
+    assert span.attributes["gen_ai.usage.output_tokens"] > 0
+
+
+# -- with_raw_response: the SDK's methods only ------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_raw_streamed_response_has_no_method_the_sdk_does_not_have(
+    mode: str, otel: Otel, openai_client: Any, async_openai_client: Any
+) -> None:
+    """``with_raw_response.create(stream=True)`` returns a ``LegacyAPIResponse``, which
+    has neither ``close()`` nor ``json()`` in any openai release (1.40, 2.54, 3.63:
+    ``_legacy_response.py``). Code that calls ``close`` when an object has one
+    (``getattr(r, "close", None)``) must find what it finds without instrumentation, not
+    a method that raises ``AttributeError``."""
+
+    async def raw_response() -> Any:
+        kwargs = kwargs_for(64, stream_options={"include_usage": True})
+        if mode == "sync":
+            raw = openai_client.chat.completions.with_raw_response.create(**kwargs)
+        else:
+            raw = await async_openai_client.chat.completions.with_raw_response.create(**kwargs)
+        await _drain(raw.parse())
+        return raw
+
+    bare = await raw_response()
+    otel.instrument()
+    ours = await raw_response()
+    for name in ("close", "json"):
+        assert hasattr(ours, name) is hasattr(bare, name) is False
+    assert otel.only_span().attributes["spec_decode.outcome"] == "recorded"
+
+
+async def _drain(stream: Any) -> None:
+    if isinstance(stream, openai.AsyncStream):
+        [chunk async for chunk in stream]
+    else:
+        list(stream)

@@ -102,6 +102,11 @@ def run(args: argparse.Namespace) -> int:
 
     headers = dict(_header(h) for h in args.header)
     spans = InMemorySpanExporter()
+    # Each call is read from its span, and nothing is exported: the variables that set up
+    # an application's SDK (OTEL_TRACES_SAMPLER, OTEL_SDK_DISABLED, limits) must not drop
+    # those spans, and the SDK's providers read them when built.
+    for name in [name for name in os.environ if name.startswith("OTEL_")]:
+        del os.environ[name]
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     hints = _Hints()

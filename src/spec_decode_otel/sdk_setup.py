@@ -2,7 +2,9 @@
 
 Builds a TracerProvider and a MeterProvider from the standard ``OTEL_*`` variables
 (service name and resource attributes, ``OTEL_EXPORTER_OTLP_ENDPOINT``/``_PROTOCOL``,
-headers, timeouts, metric export interval), installs them globally, and instruments.
+headers, timeouts, metric export interval; ``OTEL_TRACES_EXPORTER`` or
+``OTEL_METRICS_EXPORTER`` ``none`` leaves that signal unexported), installs them globally,
+and instruments.
 With no endpoint configured nothing is exported and nothing fails: the application keeps
 running, the instrumentation's data is simply kept in-process (readable with a reader
 passed in ``metric_readers``). Exporters use batching and export timeouts, so a stopped
@@ -99,6 +101,15 @@ def _otlp_variable(signal: str, name: str) -> str:
     )
 
 
+def _exported(signal: str) -> bool:
+    """Whether ``signal`` (``TRACES``, ``METRICS``) goes over OTLP: an endpoint is set for
+    it and ``OTEL_<SIGNAL>_EXPORTER`` is not ``none`` (the specification's "no exporter",
+    as a deployment whose endpoint takes traces only, such as Jaeger's, says it)."""
+    if os.environ.get(f"OTEL_{signal}_EXPORTER", "").strip().lower() == "none":
+        return False
+    return bool(_otlp_variable(signal, "ENDPOINT"))
+
+
 def _grpc(signal: str) -> bool:
     """gRPC unless the protocol variable names another (OTLP's default transport)."""
     return (_otlp_variable(signal, "PROTOCOL") or "grpc").strip() == "grpc"
@@ -147,7 +158,8 @@ def setup(
     ``service_name`` is used when ``OTEL_SERVICE_NAME`` is unset. Extra processors and
     readers (e.g. in-memory ones for tests or a terminal summary) are added beside the
     OTLP exporters. Remaining keywords go to ``SpecDecodeInstrumentor().instrument()``.
-    A second call warns and returns what the first built.
+    A second call warns and returns what the first built; after that one's
+    ``shutdown()``, it builds new providers and instruments with them.
     """
     global _built
     try:
@@ -168,6 +180,10 @@ def setup(
                 stacklevel=3,  # the caller of spec_decode_otel.setup(), which calls this
             )
             return _built
+        instrumentor = SpecDecodeInstrumentor()
+        if _built is not None and instrumentor.is_instrumented_by_opentelemetry:
+            # Still instrumented with the providers since stopped: the new ones replace them.
+            instrumentor.uninstrument()
         # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, but lets
         # the attributes passed to it win; the variable must win over the argument.
         attributes = {}
@@ -181,10 +197,10 @@ def setup(
         for processor in span_processors:
             tracer_provider.add_span_processor(processor)
         readers = list(metric_readers)
-        if _otlp_variable("TRACES", "ENDPOINT"):
+        if _exported("TRACES"):
             tracer_provider.add_span_processor(BatchSpanProcessor(_span_exporter()))
             exporting = True
-        if _otlp_variable("METRICS", "ENDPOINT"):
+        if _exported("METRICS"):
             readers.append(PeriodicExportingMetricReader(_metric_exporter()))
             exporting = True
         meter_provider = MeterProvider(
@@ -196,7 +212,7 @@ def setup(
             metrics.set_meter_provider(meter_provider)
         built = Providers(tracer_provider, meter_provider, exporting)
         atexit.register(built.shutdown)
-        SpecDecodeInstrumentor().instrument(
+        instrumentor.instrument(
             tracer_provider=tracer_provider, meter_provider=meter_provider, **instrument_options
         )
         _built = built

@@ -1,0 +1,178 @@
+"""``setup()`` and ``spec-decode-otel check`` under the standard ``OTEL_*`` variables a
+user's shell or deployment already sets, each in a process of its own (``setup()``
+installs process-wide state), against the simulator and a real OTLP receiver (oteltap,
+over HTTP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from oteltap import OtelTapHttpProtobufReceiver, OtelTapHttpProtobufReceiverSettings
+
+from check_command import run_check
+from ports import free_port
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment minus every OTEL_/SPEC_DECODE_OTEL_ setting."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_"))}
+    env.update(extra)
+    return env
+
+
+async def run_exporting(script: str, **env: str) -> tuple[list[Any], list[Any], str]:
+    """Run ``script`` with OTLP/HTTP pointed at a real receiver; the spans and metrics it
+    got once the process has exited (exit flushes both providers), and stderr."""
+    port = free_port()
+    settings = OtelTapHttpProtobufReceiverSettings(http_port=port)
+    async with OtelTapHttpProtobufReceiver(settings) as receiver:
+        spans: list[Any] = []
+        metrics: list[Any] = []
+
+        async def collect(source: Any, into: list[Any]) -> None:
+            async for item in source:
+                into.append(item)
+
+        tasks = [
+            asyncio.create_task(collect(receiver.stream_traces(), spans)),
+            asyncio.create_task(collect(receiver.stream_metrics(), metrics)),
+        ]
+        await asyncio.sleep(0.05)  # subscribed before anything can arrive
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            script,
+            env=clean_env(
+                OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+                OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+                **env,
+            ),
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()
+        await asyncio.sleep(0.3)  # what the exit flush sent is through the receiver
+        for task in tasks:
+            task.cancel()
+    return spans, metrics, err.decode()
+
+
+ONE_CALL = """
+import os, openai, spec_decode_otel
+spec_decode_otel.setup("setup-edges")
+client = openai.OpenAI(base_url=os.environ["SIMULATOR_URL"], api_key="sk-test", max_retries=0)
+client.chat.completions.create(model="spec-sim", messages=[{"role": "user", "content": "hi"}])
+client.close()
+"""
+
+
+@pytest.mark.parametrize(
+    ("variable", "sent"),
+    [("OTEL_METRICS_EXPORTER", "spans"), ("OTEL_TRACES_EXPORTER", "metrics")],
+)
+async def test_setup_exports_nothing_of_a_signal_whose_exporter_is_none(
+    simulator_url: str, variable: str, sent: str
+) -> None:
+    """``OTEL_METRICS_EXPORTER=none`` is how a deployment says "this endpoint takes no
+    metrics" (OTel specification, SDK environment variables: ``none``, "no automatically
+    configured exporter"), as in Jaeger's own quick start, whose OTLP endpoint serves
+    traces only. ``setup()`` ignored it and exported both signals to the one endpoint:
+    with the real Jaeger 2.12 behind ``OTEL_EXPORTER_OTLP_ENDPOINT``, the application
+    logged "Failed to export metrics ... StatusCode.UNIMPLEMENTED" (gRPC; "code: 404" over
+    HTTP) at every export interval. A signal whose exporter is ``none`` is not exported;
+    the other still is."""
+    spans, metrics, _ = await run_exporting(
+        ONE_CALL, SIMULATOR_URL=simulator_url, **{variable: "none"}
+    )
+    got = {"spans": [s.name for s in spans], "metrics": [m.name for m in metrics]}
+    if sent == "spans":
+        assert got == {"spans": ["chat spec-sim"], "metrics": []}
+    else:
+        assert got["spans"] == []
+        assert "spec_decode.acceptance_length" in got["metrics"]
+
+
+AFTER_SHUTDOWN = """
+import json, os, openai, spec_decode_otel
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+first = InMemorySpanExporter()
+spec_decode_otel.setup(
+    "one", set_global=False, span_processors=[SimpleSpanProcessor(first)]
+).shutdown()
+second, reader = InMemorySpanExporter(), InMemoryMetricReader()
+spec_decode_otel.setup(
+    "two", set_global=False, span_processors=[SimpleSpanProcessor(second)], metric_readers=[reader]
+)
+client = openai.OpenAI(base_url=os.environ["SIMULATOR_URL"], api_key="sk-test", max_retries=0)
+client.chat.completions.create(model="spec-sim", messages=[{"role": "user", "content": "hi"}])
+client.close()
+data = reader.get_metrics_data()
+print(json.dumps({
+    "first": len(first.get_finished_spans()),
+    "second": [s.resource.attributes["service.name"] for s in second.get_finished_spans()],
+    "metrics": sorted(
+        m.name for rm in (data.resource_metrics if data else []) for sm in rm.scope_metrics
+        for m in sm.metrics
+    ),
+}))
+"""
+
+
+def test_setup_after_shutdown_records_into_the_new_providers(simulator_url: str) -> None:
+    """``Providers.shutdown()`` then ``setup()`` again (a test fixture per test, an app
+    that re-initialises its telemetry) builds new providers, but the calls still went to
+    the stopped ones: the instrumentor, instrumented by the first ``setup()``, kept its
+    providers ("already instrumented; the first settings stay"), so the new providers
+    got no span and no metric, and the stopped ones dropped everything ("Processor is
+    already shutdown"). The second ``setup()``'s providers get the calls."""
+    done = subprocess.run(
+        [sys.executable, "-c", AFTER_SHUTDOWN],
+        env=clean_env(SIMULATOR_URL=simulator_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["first"] == 0
+    assert report["second"] == ["two"]
+    assert "spec_decode.acceptance_length" in report["metrics"]
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"OTEL_TRACES_SAMPLER": "always_off"},
+        {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"},
+        {"OTEL_SDK_DISABLED": "true"},
+    ],
+    ids=["always-off", "ratio-0", "sdk-disabled"],
+)
+def test_check_reads_every_call_whatever_the_shells_otel_variables_say(
+    simulator_url: str, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``check`` reads each call's outcome from the span the instrumentation ends, on an
+    in-memory TracerProvider it builds, and the SDK's TracerProvider reads
+    ``OTEL_TRACES_SAMPLER`` and ``OTEL_SDK_DISABLED`` from the environment (SDK 1.45:
+    ``sampling._get_from_env_or_default``, ``TracerProvider.__init__``). Run from a shell
+    that configures its application's tracing that way (production sampling, telemetry
+    off), every line read ``none`` and the command said "No response carried spec-decode
+    stats", exit 1, about a server that sends them. It exports nothing, so those
+    variables do not apply to it: a vLLM server's non-streamed call is ``recorded``."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    status, lines, out = run_check(simulator_url, "--model", "spec-sim")
+    assert lines["chat"].startswith("recorded"), out
+    assert lines["stream + include_usage"].startswith("recorded"), out
+    assert status == 0

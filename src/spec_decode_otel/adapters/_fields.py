@@ -99,8 +99,14 @@ def stats_choice_indices(responses: Sequence[ParsedResponse], name: str) -> set[
 
 
 def _index_key(index: Any) -> Any:
-    # A hostile server can send any JSON as "index"; lists and objects are unhashable.
-    return index if type(index) is int else repr(index)
+    # A hostile server can send any JSON as "index". A scalar keys with its type (so
+    # "0" and True are not 0); a list or an object, unhashable and of any size and
+    # depth, keys as its type alone: repr() of one nested deep enough raises.
+    if type(index) is int:
+        return index
+    if isinstance(index, (str, float, bool)) or index is None:
+        return (type(index), index)
+    return type(index)
 
 
 def build_record(

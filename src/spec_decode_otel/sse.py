@@ -70,7 +70,8 @@ class SseSplitter:
         #: The line being read (nothing of it while dropping), and its length.
         self._line: list[str] = []
         self._line_chars = 0
-        #: The current event's data lines, and their total length.
+        #: The current event's data lines, and their joined length (each line counts the
+        #: ``\n`` that joins it to the next, so empty lines count too).
         self._data: list[str] = []
         self._data_chars = 0
         #: The current event went over the limit: skip it to its end.
@@ -128,7 +129,7 @@ class SseSplitter:
             events.append(value)
             return
         self._data.append(value)
-        self._data_chars += len(value)
+        self._data_chars += len(value) + 1
 
     def _end_event(self, events: list[str]) -> None:
         if self._data and not self._dropping:

@@ -15,6 +15,7 @@ import pytest
 
 from openai_sdk import chat_completion
 from spec_decode_otel.adapters import Detection, ParsedResponse, detect_outcome
+from spec_decode_otel.sse import SseSplitter
 
 T = TypeVar("T")
 
@@ -84,3 +85,16 @@ def test_a_choice_index_nested_as_deep_as_json_allows_changes_nothing(
     expected = detection_of(shallow)
     assert expected.record is not None
     assert frames_deeper(30, lambda: detection_of(deep)) == expected
+
+
+def test_an_event_of_empty_data_lines_is_bounded_like_any_other() -> None:
+    """src/spec_decode_otel/sse.py: an event holding more than ``MAX_EVENT_CHARS``
+    characters is dropped, its text never kept. Its data is its ``data:`` lines joined
+    with ``\\n``, but only the lines' values were counted: an event of empty ``data:``
+    lines counted as 0 characters however many it had, so a raw stream that never ends
+    it kept one list entry per line, and its end gave an event of that many newlines."""
+    splitter = SseSplitter(max_event_chars=100)
+    assert splitter.feed("data:\n" * 1000) == []
+    assert splitter.feed("\n") == []
+    # the splitter reads on: the next event, within the bound, comes out whole
+    assert splitter.feed("data: {}\ndata:\ndata: x\n\n") == ["{}\n\nx"]

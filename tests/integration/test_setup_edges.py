@@ -176,3 +176,22 @@ def test_check_reads_every_call_whatever_the_shells_otel_variables_say(
     assert lines["chat"].startswith("recorded"), out
     assert lines["stream + include_usage"].startswith("recorded"), out
     assert status == 0
+
+
+@pytest.mark.parametrize("value", ["enabled", "ture", "y"])
+def test_a_boolean_variable_with_a_bad_value_warns_naming_it(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README (Configuration): "A variable's bad value is not an error but a
+    ``RuntimeWarning`` naming the variable, and a fallback". A boolean variable took any
+    value it did not know as false, silently: ``SPEC_DECODE_OTEL_INJECT_INCLUDE_USAGE=
+    enabled`` (or a typo) left vLLM streams without their stats and said nothing. It warns,
+    naming the variable and the value, and the default (false) is used."""
+    import openai
+
+    import spec_decode_otel
+
+    monkeypatch.setenv("SPEC_DECODE_OTEL_INJECT_INCLUDE_USAGE", value)
+    with pytest.warns(RuntimeWarning, match=f"SPEC_DECODE_OTEL_INJECT_INCLUDE_USAGE='{value}'"):
+        client = spec_decode_otel.instrument_client(openai.OpenAI(api_key="sk-test"))
+    client.close()

@@ -22,10 +22,16 @@ ENV_PREFIX = "SPEC_DECODE_OTEL_"
 
 
 def _env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(ENV_PREFIX + name)
-    if raw is None or raw.strip() == "":
+    raw = os.environ.get(ENV_PREFIX + name, "").strip()
+    if not raw:
         return default
-    return raw.strip().lower() in ("1", "true", "yes", "on")
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    why = f"not a boolean (1, true, yes, on / 0, false, no, off); {str(default).lower()} is used"
+    _ignored(name, raw, why)
+    return default
 
 
 def _env_int(name: str, default: int) -> int:

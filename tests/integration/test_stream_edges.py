@@ -8,10 +8,12 @@ them with the real ``openai`` SDK (3.63.0) against the simulator.
   the bare SDK shows (our injected usage chunk hidden) and is recorded like any stream.
 - A ``with_raw_response`` response has no ``close()`` or ``json()`` in the SDK: the
   proxy adds neither.
+- ``repr()`` of what the user gets back is the SDK's, not a proxy's.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import openai
@@ -167,3 +169,31 @@ async def _drain(stream: Any) -> None:
         [chunk async for chunk in stream]
     else:
         list(stream)
+
+
+# -- repr ----------------------------------------------------------------------------------
+
+
+def _reprs(client: Any) -> list[str]:
+    """``repr()`` of a stream, its ``response``, and raw and streaming responses (memory
+    addresses left out)."""
+    kwargs = kwargs_for(65)
+    stream = client.chat.completions.create(**kwargs)
+    shown = [repr(stream), repr(stream.response)]
+    stream.close()
+    raw = client.chat.completions.with_raw_response.create(**kwargs)
+    shown.append(repr(raw))
+    raw.parse().close()
+    with client.chat.completions.with_streaming_response.create(**kwargs) as streaming:
+        shown.append(repr(streaming))
+    return [re.sub(r"0x[0-9a-fA-F]+", "0x", text) for text in shown]
+
+
+def test_what_the_user_gets_back_has_the_sdks_repr(otel: Otel, openai_client: Any) -> None:
+    """``repr()`` is what a log line (``%r``), a debugger or a REPL shows: the SDK's
+    (3.63.0: ``<APIResponse [200 OK] type=...>``, httpx's ``<Response [200 OK]>``), not a
+    proxy's (wrapt's ``<SyncStreamProxy at 0x... for Stream at 0x...>``)."""
+    bare = _reprs(openai_client)
+    otel.instrument()
+    assert _reprs(openai_client) == bare
+    assert "Proxy" not in "".join(bare)

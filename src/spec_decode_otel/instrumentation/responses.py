@@ -245,6 +245,9 @@ class _RawResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic
         self._self_raw: RawBody | None = None
         finalizer.start()
 
+    def __repr__(self) -> str:  # the SDK's "<APIResponse [200 OK] type=...>"
+        return repr(self.__wrapped__)
+
     def _observe_parsed(self, parsed: Any) -> Any:
         try:
             if self._self_parsed is not None and self._self_parsed[0] is parsed:

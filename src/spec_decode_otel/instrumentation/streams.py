@@ -234,6 +234,9 @@ class _HttpResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generi
         super().__init__(wrapped)
         self._self_observer = observer
 
+    def __repr__(self) -> str:  # the response's own, as a log line or a debugger shows it
+        return repr(self.__wrapped__)
+
     def close(self) -> None:
         try:
             self.__wrapped__.close()
@@ -253,6 +256,9 @@ class _StreamProxyBase(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic 
         self._self_observer = StreamObserver(call, hide_usage_chunk)
         self._self_response: Any = None
         finalizer.start()
+
+    def __repr__(self) -> str:  # the stream's own, not wrapt's "<... at 0x... for ...>"
+        return repr(self.__wrapped__)
 
     @property
     def response(self) -> Any:

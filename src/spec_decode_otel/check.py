@@ -186,7 +186,12 @@ def _request(
         return f"HTTP {exc.status_code}: {str(exc.message)[:MAX_ERROR_CHARS]}", None
     except Exception as exc:  # whatever the server does (older SDKs raise a cut stream's
         # transport error as it is), the command reports it rather than a traceback
-        return f"{type(exc).__name__}: {str(exc)[:MAX_ERROR_CHARS]}", None
+        problem = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, openai.APIConnectionError) and exc.__cause__ is not None:
+            # "Connection error." alone: the transport's reason (refused, unknown host,
+            # TLS, no scheme in the URL) is only the cause
+            problem += f" ({exc.__cause__})"
+        return problem[:MAX_ERROR_CHARS], None
     return None, body
 
 

@@ -195,3 +195,21 @@ def test_a_boolean_variable_with_a_bad_value_warns_naming_it(
     with pytest.warns(RuntimeWarning, match=f"SPEC_DECODE_OTEL_INJECT_INCLUDE_USAGE='{value}'"):
         client = spec_decode_otel.instrument_client(openai.OpenAI(api_key="sk-test"))
     client.close()
+
+
+@pytest.mark.parametrize(
+    ("base_url", "says"),
+    [
+        ("http://127.0.0.1:9/v1", "Connection refused"),
+        ("127.0.0.1:9/v1", "missing an 'http://' or 'https://' protocol"),
+    ],
+    ids=["refused", "no-scheme"],
+)
+def test_check_says_why_it_could_not_connect(base_url: str, says: str) -> None:
+    """Every failure to connect read "APIConnectionError: Connection error." (openai's
+    own message; httpx's reason is only the exception's ``__cause__``), so a refused
+    port, an unknown host, a TLS mismatch and a URL without its scheme looked alike. Each
+    line says the transport's reason."""
+    status, lines, out = run_check(base_url, "--model", "m", "--timeout", "5")
+    assert all(says in line for line in lines.values()), out
+    assert status == 1

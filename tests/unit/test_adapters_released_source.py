@@ -74,12 +74,14 @@ def test_a_choice_index_nested_as_deep_as_json_allows_changes_nothing(
     fields: dict[str, Any],
 ) -> None:
     """src/spec_decode_otel/adapters/_fields.py ``stats_choice_indices`` keys a choice that
-    carries stats by its ``index``, and keyed a non-int index by ``repr()``. The JSON
-    decoder accepts nesting up to the recursion limit where it runs; a stream's detection
-    runs a few frames deeper than the SDK's decoding of its chunks (the stream proxy, the
-    observer, the registry, the adapter), so ``repr()`` of an ``index`` nested that deep
-    raised RecursionError there: the adapter was isolated as broken (a warning with a
-    traceback, outcome ``invalid``) where a shallow list index gives a record."""
+    carries stats by its ``index``, and keyed a non-int index by ``repr()``: a cost that
+    grew with the index's size on every path (the SDK's included), and, where detection
+    runs deeper than the JSON was decoded (``record_from_json`` called below the frame
+    that decoded a replayed body), a RecursionError for an ``index`` nested as deep as the
+    decoder allows: the adapter was isolated as broken (a warning with a traceback,
+    outcome ``invalid``) where a shallow list index gives a record. (The instrumented
+    SDK's own paths decode deeper than they detect, or, for streams, call a non-int
+    index n > 1 before any adapter runs.)"""
     deep = chat_completion(usage=USAGE, choice={**fields, "index": deepest_json_list()})
     shallow = chat_completion(usage=USAGE, choice={**fields, "index": [[0]]})
     expected = detection_of(shallow)

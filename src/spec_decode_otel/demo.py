@@ -2,12 +2,13 @@
 
 It starts the simulator in-process on a free loopback port, instruments the ``openai``
 SDK through :func:`spec_decode_otel.setup` (so ``OTEL_EXPORTER_OTLP_ENDPOINT`` and the
-other ``OTEL_*`` variables export everything to a collector when set), runs a mixed
-workload — sync, async, streaming — against two models whose drafters accept differently,
-and prints a per-model summary computed from the spans the instrumentation emitted, not
-from the responses themselves: a :class:`~spec_decode_otel.records.RecordsFileProcessor`
-turns each span into a line of the records file (``--records-out`` keeps it), and the
-summary is ``spec-decode-otel summarize``'s, from the same code.
+other ``OTEL_*`` variables export everything to a collector when set; every call is
+sampled, as the summary needs), runs a mixed workload — sync, async, streaming — against
+two models whose drafters accept differently, and prints a per-model summary computed
+from the spans the instrumentation emitted, not from the responses themselves: a
+:class:`~spec_decode_otel.records.RecordsFileProcessor` turns each span into a line of
+the records file (``--records-out`` keeps it), and the summary is
+``spec-decode-otel summarize``'s, from the same code.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -132,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
         max_length=160,
     )
     records = io.StringIO()
+    # The summary is computed from the spans, so every call's must be sampled, whatever
+    # sampler the shell names for its applications (setup()'s TracerProvider reads it).
+    os.environ["OTEL_TRACES_SAMPLER"] = "always_on"
     providers = setup(
         "spec-decode-otel-demo",
         span_processors=[RecordsFileProcessor(records)],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -213,3 +214,33 @@ def test_check_says_why_it_could_not_connect(base_url: str, says: str) -> None:
     status, lines, out = run_check(base_url, "--model", "m", "--timeout", "5")
     assert all(says in line for line in lines.values()), out
     assert status == 1
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"OTEL_TRACES_SAMPLER": "always_off"},
+        {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"},
+    ],
+    ids=["always-off", "ratio"],
+)
+def test_the_demo_summarizes_every_call_whatever_sampler_the_shell_names(
+    env: dict[str, str],
+) -> None:
+    """The demo's summary is computed from the spans it emits, and ``setup()``'s
+    TracerProvider takes its sampler from ``OTEL_TRACES_SAMPLER`` (SDK 1.45): run where
+    an application's sampling is configured, it printed "no calls" and exited 1
+    (``always_off``), or a summary of the sampled quarter as if it were every call
+    ("calls to llama-3.1-8b-eagle3: 3   recorded 3 (100%)" for 16 requests). The summary
+    counts every request sent."""
+    done = subprocess.run(
+        [sys.executable, "-m", "spec_decode_otel", "demo", "--requests", "8", "--no-progress"],
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    calls = [int(n) for n in re.findall(r"^calls to \S+: (\d+)", done.stdout, re.M)]
+    assert sum(calls) == 8, done.stdout

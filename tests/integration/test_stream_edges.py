@@ -9,11 +9,15 @@ them with the real ``openai`` SDK (3.63.0) against the simulator.
 - A ``with_raw_response`` response has no ``close()`` or ``json()`` in the SDK: the
   proxy adds neither.
 - ``repr()`` of what the user gets back is the SDK's, not a proxy's.
+- Pinned where nothing else pins them: the caller's context object is untouched by every
+  step of every kind of stream, and ``aclose()`` on an unread stream ends its call.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, ExitStack
 from typing import Any
 
 import openai
@@ -25,6 +29,7 @@ from instrumentation_helpers import (
     dumps_without_volatile,
     fingerprint_left_on_the_usage_chunk,
 )
+from opentelemetry import context as otel_context
 from opentelemetry.trace import StatusCode
 
 from reclaimed import collect
@@ -197,3 +202,99 @@ def test_what_the_user_gets_back_has_the_sdks_repr(otel: Otel, openai_client: An
     otel.instrument()
     assert _reprs(openai_client) == bare
     assert "Proxy" not in "".join(bare)
+
+
+# -- the caller's context, step by step ---------------------------------------------------
+
+#: Every kind of stream the wrapper proxies: created, or parsed or read raw from a response.
+STREAMS = ["chat", "completions", "responses", "parse", "iter_lines"]
+
+
+def _open_sync(client: Any, kind: str, stack: ExitStack) -> Iterator[Any]:
+    kwargs = kwargs_for(66, stream_options={"include_usage": True})
+    if kind == "chat":
+        return iter(client.chat.completions.create(**kwargs))
+    if kind == "completions":
+        del kwargs["messages"]
+        return iter(client.completions.create(prompt="a zebra-unicorn", **kwargs))
+    if kind == "responses":  # llama.cpp's timings ride response.completed
+        del kwargs["messages"], kwargs["stream_options"]
+        kwargs["extra_headers"]["x-spec-decode-engine"] = "llamacpp"
+        return iter(client.responses.create(input="a zebra-unicorn", **kwargs))
+    raw = stack.enter_context(client.chat.completions.with_streaming_response.create(**kwargs))
+    return iter(raw.parse()) if kind == "parse" else raw.iter_lines()
+
+
+async def _open_async(client: Any, kind: str, stack: AsyncExitStack) -> AsyncIterator[Any]:
+    kwargs = kwargs_for(66, stream_options={"include_usage": True})
+    if kind == "chat":
+        return (await client.chat.completions.create(**kwargs)).__aiter__()
+    if kind == "completions":
+        del kwargs["messages"]
+        return (await client.completions.create(prompt="a zebra-unicorn", **kwargs)).__aiter__()
+    if kind == "responses":
+        del kwargs["messages"], kwargs["stream_options"]
+        kwargs["extra_headers"]["x-spec-decode-engine"] = "llamacpp"
+        return (await client.responses.create(input="a zebra-unicorn", **kwargs)).__aiter__()
+    raw = await stack.enter_async_context(
+        client.chat.completions.with_streaming_response.create(**kwargs)
+    )
+    return (await raw.parse()).__aiter__() if kind == "parse" else raw.iter_lines()
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+@pytest.mark.parametrize("mode", MODES)
+async def test_every_step_of_a_stream_leaves_the_callers_context_object_as_it_was(
+    mode: str,
+    kind: str,
+    instrumented: Otel,
+    openai_client: Any,
+    async_openai_client: Any,
+) -> None:
+    """``opentelemetry.context.get_current()`` is the very same object before and after
+    each ``next()``/``__anext__()`` of every kind of stream, the last one (which ends our
+    span, records the metrics and runs the span processors) included: the span is never
+    attached while the user reads, and nothing attached on the way is left behind."""
+    steps = 0
+    with instrumented.tracer.start_as_current_span("user-parent"):
+        before = otel_context.get_current()
+        if mode == "sync":
+            with ExitStack() as stack:
+                stream = _open_sync(openai_client, kind, stack)
+                assert otel_context.get_current() is before
+                for _ in stream:
+                    assert otel_context.get_current() is before
+                    steps += 1
+                assert otel_context.get_current() is before
+        else:
+            async with AsyncExitStack() as stack:
+                astream = await _open_async(async_openai_client, kind, stack)
+                assert otel_context.get_current() is before
+                async for _ in astream:
+                    assert otel_context.get_current() is before
+                    steps += 1
+                assert otel_context.get_current() is before
+        assert otel_context.get_current() is before
+    assert steps > 3
+    (span,) = instrumented.our_spans()
+    assert span.attributes["spec_decode.outcome"] in ("recorded", "partial")
+
+
+# -- aclose() ----------------------------------------------------------------------------
+
+
+async def test_aclose_before_any_chunk_ends_the_call_at_once(
+    instrumented: Otel, async_openai_client: Any
+) -> None:
+    """``AsyncStream.aclose()`` (openai 3.63.0: an alias of ``close()``; openai 1 and 2
+    have none, and the proxy forwards to ``close()``) on a stream not read at all: one
+    span, ended right then, stopped rather than failed."""
+    stream = await async_openai_client.chat.completions.create(**kwargs_for(67))
+    assert instrumented.spans() == []
+    await stream.aclose()
+    span = instrumented.only_span()
+    assert span.attributes["spec_decode.outcome"] == "not_read_to_end"
+    assert span.status.status_code is StatusCode.UNSET
+    del stream
+    collect()
+    assert len(instrumented.spans()) == 1

@@ -19,9 +19,9 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import metrics, trace
 
@@ -43,6 +43,8 @@ _MISSING_EXTRA = (
 #: cannot hold the process, long enough for one export round trip. Both providers are
 #: flushed at once within this bound; what is not exported by then is dropped.
 SHUTDOWN_TIMEOUT_S = 5.0
+
+_T = TypeVar("_T")
 
 
 def _flush_and_stop(provider: TracerProvider | MeterProvider) -> None:
@@ -141,6 +143,22 @@ def _metric_exporter() -> MetricExporter:
     return HttpMetricExporter()
 
 
+def _or_warn(signal: str, build: Callable[[], _T]) -> _T | None:
+    """``build()``, or None with a RuntimeWarning when the SDK refuses a value its variables
+    gave it (``OTEL_METRIC_EXPORT_INTERVAL=0``, ``OTEL_EXPORTER_OTLP_TIMEOUT=abc``): as
+    under ``opentelemetry-instrument``, the application runs on, that signal unexported."""
+    try:
+        return build()
+    except ValueError as exc:
+        warnings.warn(
+            f"spec_decode_otel.setup(): {signal} are not exported: {exc} (a value of the "
+            "OTEL_* variables the OpenTelemetry SDK refuses)",
+            RuntimeWarning,
+            stacklevel=4,  # the caller of spec_decode_otel.setup()
+        )
+        return None
+
+
 _lock = threading.Lock()
 _built: Providers | None = None
 
@@ -198,11 +216,17 @@ def setup(
             tracer_provider.add_span_processor(processor)
         readers = list(metric_readers)
         if _exported("TRACES"):
-            tracer_provider.add_span_processor(BatchSpanProcessor(_span_exporter()))
-            exporting = True
+            batch = _or_warn("spans", lambda: BatchSpanProcessor(_span_exporter()))
+            if batch is not None:
+                tracer_provider.add_span_processor(batch)
+                exporting = True
         if _exported("METRICS"):
-            readers.append(PeriodicExportingMetricReader(_metric_exporter()))
-            exporting = True
+            periodic = _or_warn(
+                "metrics", lambda: PeriodicExportingMetricReader(_metric_exporter())
+            )
+            if periodic is not None:
+                readers.append(periodic)
+                exporting = True
         meter_provider = MeterProvider(
             resource=resource, metric_readers=readers, shutdown_on_exit=False
         )

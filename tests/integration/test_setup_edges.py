@@ -244,3 +244,22 @@ def test_the_demo_summarizes_every_call_whatever_sampler_the_shell_names(
     assert done.returncode == 0, done.stdout + done.stderr
     calls = [int(n) for n in re.findall(r"^calls to \S+: (\d+)", done.stdout, re.M)]
     assert sum(calls) == 8, done.stdout
+
+
+async def test_an_exporter_the_sdk_refuses_to_build_warns_and_the_app_runs(
+    simulator_url: str,
+) -> None:
+    """``OTEL_METRIC_EXPORT_INTERVAL=0`` (taken for "off"), ``OTEL_BSP_MAX_QUEUE_SIZE=0``
+    or ``OTEL_EXPORTER_OTLP_TIMEOUT=abc``: the SDK's exporters and processors raise
+    ``ValueError`` when built from such values (SDK 1.45: "interval value 0.0 is invalid
+    and needs to be larger than zero"), and ``setup()`` let it out, so the application
+    died at start-up over its telemetry, where ``opentelemetry-instrument`` logs and runs
+    on. The signal whose exporter could not be built is not exported, with a
+    ``RuntimeWarning`` that says so and why; the other one still is."""
+    spans, metrics, err = await run_exporting(
+        ONE_CALL, SIMULATOR_URL=simulator_url, OTEL_METRIC_EXPORT_INTERVAL="0"
+    )
+    assert [s.name for s in spans] == ["chat spec-sim"]
+    assert metrics == []
+    assert "RuntimeWarning" in err and "metrics are not exported" in err, err
+    assert "interval value 0.0 is invalid" in err, err

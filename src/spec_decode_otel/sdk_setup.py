@@ -105,8 +105,11 @@ def _otlp_variable(signal: str, name: str) -> str:
 
 def _exported(signal: str) -> bool:
     """Whether ``signal`` (``TRACES``, ``METRICS``) goes over OTLP: an endpoint is set for
-    it and ``OTEL_<SIGNAL>_EXPORTER`` is not ``none`` (the specification's "no exporter",
-    as a deployment whose endpoint takes traces only, such as Jaeger's, says it)."""
+    it, the SDK is not disabled (``OTEL_SDK_DISABLED=true``), and ``OTEL_<SIGNAL>_EXPORTER``
+    is not ``none`` (the specification's "no exporter", as a deployment whose endpoint
+    takes traces only, such as Jaeger's, says it)."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
     if os.environ.get(f"OTEL_{signal}_EXPORTER", "").strip().lower() == "none":
         return False
     return bool(_otlp_variable(signal, "ENDPOINT"))

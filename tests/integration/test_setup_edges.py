@@ -263,3 +263,28 @@ async def test_an_exporter_the_sdk_refuses_to_build_warns_and_the_app_runs(
     assert metrics == []
     assert "RuntimeWarning" in err and "metrics are not exported" in err, err
     assert "interval value 0.0 is invalid" in err, err
+
+
+def test_setup_under_otel_sdk_disabled_builds_no_exporter() -> None:
+    """``OTEL_SDK_DISABLED=true``: "a no-op SDK implementation will be used for all
+    telemetry signals" (OTel specification, SDK environment variables; SDK 1.45's
+    providers then hand out no-op tracers and meters). ``setup()`` still built both OTLP
+    exporters and started their threads, and said ``exporting=True`` (so ``demo`` printed
+    "exported over OTLP to the configured collector"), for providers that export
+    nothing. It builds none."""
+    script = (
+        "import json, threading, spec_decode_otel\n"
+        "built = spec_decode_otel.setup('disabled', set_global=False)\n"
+        "print(json.dumps({'exporting': built.exporting,"
+        " 'threads': sorted(t.name for t in threading.enumerate())}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=clean_env(OTEL_SDK_DISABLED="true", OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"exporting": False, "threads": ["MainThread"]}

@@ -331,6 +331,29 @@ async def test_injected_include_usage_is_invisible_to_the_user(
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_include_usage_is_not_injected_beside_continuous_usage_stats(
+    mode: str, otel: Otel, wire: Any, async_wire: Any
+) -> None:
+    """vLLM sends usage on every chunk only when both ``include_usage`` and
+    ``continuous_usage_stats`` are set (``should_include_usage`` in
+    ``vllm/entrypoints/serve/utils/api_utils.py``, vllm 0.34.0's wheel; the simulator does
+    the same). A user who sent ``continuous_usage_stats``
+    alone gets no usage; injecting ``include_usage`` would put usage on every chunk they
+    see, which hiding the final usage chunk cannot undo. So the request goes out as the
+    user made it, and the user sees what the bare SDK shows."""
+    client, log = wire if mode == "sync" else async_wire
+    request = {**vllm_stream(103), "stream_options": {"continuous_usage_stats": True}}
+    bare = await read_chat(client, request)
+    otel.instrument(inject_include_usage=True)
+    ours = await read_chat(client, request)
+
+    assert log.last[1]["stream_options"] == {"continuous_usage_stats": True}
+    assert all(chunk.usage is None for chunk in bare)
+    assert dumps_without_volatile(ours) == dumps_without_volatile(bare)
+    assert otel.only_span().attributes["spec_decode.outcome"] == "no_stats"
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_calls_inside_suppress_instrumentation_are_neither_recorded_nor_amended(
     mode: str, otel: Otel, wire: Any, async_wire: Any
 ) -> None:

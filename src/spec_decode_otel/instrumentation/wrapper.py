@@ -206,8 +206,12 @@ class Instrumentation:
         injected_usage = False
         if streaming and self.settings.inject_include_usage:
             stream_options = body.get("stream_options")
+            # With continuous_usage_stats, include_usage puts usage on every chunk the user
+            # sees (vLLM), which hiding the last chunk cannot undo: leave such a request be.
             if stream_options is None or (
-                isinstance(stream_options, Mapping) and "include_usage" not in stream_options
+                isinstance(stream_options, Mapping)
+                and "include_usage" not in stream_options
+                and not stream_options.get("continuous_usage_stats")
             ):
                 additions["stream_options"] = {**(stream_options or {}), "include_usage": True}
                 injected_usage = True

@@ -124,6 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # flushes stdout again at exit, so stdout goes to devnull first.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except KeyboardInterrupt:  # Ctrl-C (check waiting on a hung server): no traceback
+        return 130
     return status
 
 

@@ -10,8 +10,11 @@ import asyncio
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -288,3 +291,28 @@ def test_setup_under_otel_sdk_disabled_builds_no_exporter() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"exporting": False, "threads": ["MainThread"]}
+
+
+def test_check_interrupted_while_a_server_hangs_exits_130_without_a_traceback() -> None:
+    """A server that accepts and never answers holds each of ``check``'s requests for
+    ``--timeout`` (60 s by default), so a user presses Ctrl-C: the command printed
+    forty lines of httpx's traceback ending in ``KeyboardInterrupt``. It exits with the
+    shell's status for SIGINT, 130, and no traceback."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(8)
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}/v1"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "spec_decode_otel", "check", url, "--model", "m"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith(url)  # the requests have begun
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert "Traceback" not in err, err
+    assert proc.returncode == 130

@@ -661,6 +661,56 @@ def test_a_server_sent_name_too_long_to_be_one_is_left_out(
     assert models == {None, longest}
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_a_server_sent_name_with_a_lone_surrogate_is_left_out(
+    stream: bool, server: LoopbackServer, otel: Otel, caplog: pytest.LogCaptureFixture
+) -> None:
+    """JSON can spell a lone UTF-16 surrogate (``"\\ud800"``) and Python's decoder keeps
+    it, but such a string has no UTF-8 form: the OTLP encoder of opentelemetry-exporter-
+    otlp-proto-common 1.45.2 (``_internal._encode_attributes``) logs an error with its
+    traceback and drops the attribute, on every span and, for ``gen_ai.response.model`` (a metric attribute),
+    on every metric export from then on. So a server-sent model or finish reason that
+    cannot be encoded is left out as unknown, and the call keeps its record; the user
+    still gets the server's strings as sent."""
+    from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import (
+        encode_metrics,
+    )
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    stats = {
+        "acceptance_histogram": {"0": 1, "2": 1},
+        "num_spec_steps": 2,
+        "num_accepted_draft_tokens": 2,
+        "num_draft_tokens": 4,
+    }
+    model, reason = "m\\ud800", "\\udfffstop"  # JSON escapes, as a server would send them
+    if stream:
+        body = stream_with(stats).replace(b'"model": "m"', f'"model": "{model}"'.encode())
+        body = body.replace(b'"finish_reason": "stop"', f'"finish_reason": "{reason}"'.encode())
+    else:
+        body = chat_body(
+            {"speculative_decoding_stats": stats, "finish_reason": "REASON"}, model="MODEL"
+        )
+        body = body.replace(b'"MODEL"', f'"{model}"'.encode())
+        body = body.replace(b'"REASON"', f'"{reason}"'.encode())
+    client = client_for(server)
+    try:
+        with instrumented(otel, genai_metrics=True):
+            server.reply(body)
+            seen = read(client, stream)
+    finally:
+        client.close()
+    assert (seen[0] if stream else seen)["model"] == "m\ud800"  # the user sees it as sent
+    (span,) = otel.spans()
+    assert GEN_AI_RESPONSE_MODEL not in span.attributes
+    assert "gen_ai.response.finish_reasons" not in span.attributes
+    assert span.attributes[SD_OUTCOME] == "recorded"
+    with caplog.at_level(logging.DEBUG):
+        encode_spans([span]).SerializeToString()
+        encode_metrics(otel.reader.get_metrics_data()).SerializeToString()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.records
+
+
 def test_a_server_sent_response_id_is_kept_in_memory_only_when_short_and_needed(
     server: LoopbackServer, otel: Otel
 ) -> None:

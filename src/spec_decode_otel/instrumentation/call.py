@@ -355,7 +355,16 @@ def _chunk_usage(chunk: Any) -> Any:
 
 
 def _is_short_text(value: Any) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= MAX_SERVER_TEXT
+    """A server's name that can go on a span and into a metric series. JSON can spell a
+    lone surrogate, which has no UTF-8 form and which the OTLP encoder therefore drops,
+    with a logged exception on every export."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_SERVER_TEXT:
+        return False
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_count(value: Any) -> bool:

@@ -19,7 +19,9 @@ holds what the instrumentor needs whether LiteLLM is installed or not.
     made (a text stream's request only when the caller first reads it);
   - the sequence number of the last SDK request in this context: an async call starts in
     a worker thread, but its SDK request runs in the caller's task, and LiteLLM's logging
-    task, which reports the call's end, is created from that task.
+    task, which reports the call's end, is created from that task. It is read at the
+    call's end only if LiteLLM logged no response before (a stream's end is reported
+    from the context that read it, which may have made other SDK requests since).
 
   Neither reaches a streamed text completion in the LiteLLM proxy, which runs the call in
   three contexts that see nothing of each other: LiteLLM starts it in a worker thread,
@@ -80,8 +82,10 @@ class SdkMark:
 
     def went_through_sdk(self) -> bool:
         """True when the openai wrapper handled this call (read where LiteLLM reports
-        the call's end)."""
-        return self.via_sdk or last_sdk_request.get() > self.started
+        the call's end). Once decided, an SDK request in that context is another call's:
+        a stream's end is reported from the context that read it, which may have made
+        SDK requests of its own after the call started."""
+        return self.via_sdk or (not self.decided and last_sdk_request.get() > self.started)
 
 
 #: The mark of the LiteLLM call running in this context (set by the LiteLLM callback).

@@ -1,0 +1,99 @@
+"""LiteLLM 1.110.2 at its edges: one span per call when calls interleave, fail, or are
+left unread, against the simulator over real HTTP.
+
+Fixtures, leak filters and helpers come from ``test_litellm``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
+
+import litellm
+import openai
+import pytest
+from instrumentation_helpers import MODEL, Otel, request_kwargs
+from test_litellm import (  # noqa: F401  # the fixtures are used by name
+    collect_litellm_leaks,
+    litellm_callbacks,
+    litellm_clients,
+    litellm_kwargs,
+    pytestmark,
+    seed_for,
+    settled_spans,
+)
+
+
+def open_stream(api: str, mode: str, base_url: str, seed: str) -> Any:
+    """A stream LiteLLM reads with its own handler (``hosted_vllm/``): its chat
+    completion, or its Responses call (posted to the server's ``/v1/responses``)."""
+    if api == "chat":
+        kwargs = litellm_kwargs(
+            "hosted_vllm", request_kwargs("vllm", "chat", True, seed_for(seed)), base_url
+        )
+        return litellm.acompletion(**kwargs) if mode == "async" else litellm.completion(**kwargs)
+    kwargs = {
+        "model": f"hosted_vllm/{MODEL}",
+        "input": "Name three stripes.",
+        "stream": True,
+        "api_base": base_url,
+        "api_key": "sk-t",
+        "extra_headers": {"x-sim-seed": str(seed_for(seed))},
+    }
+    return litellm.aresponses(**kwargs) if mode == "async" else litellm.responses(**kwargs)
+
+
+@pytest.mark.parametrize("between", ["openai SDK", "litellm openai/"])
+@pytest.mark.parametrize(("api", "mode"), [("chat", "async"), ("responses", "async"),
+                                           ("responses", "sync")])  # fmt: skip
+async def test_a_stream_read_around_an_sdk_call_in_the_same_context_keeps_its_span(
+    api: str, mode: str, between: str, otel: Otel, simulator_url: str
+) -> None:
+    """A ``hosted_vllm/`` stream (chat or Responses) read in part, then an openai SDK
+    call (the app's own, or LiteLLM's ``openai/`` route) in the same task or thread, then
+    the rest of the stream: two calls, two spans.
+
+    LiteLLM 1.110.2 reports a stream's end from the context that read it to its end
+    (``CustomStreamWrapper.__anext__`` creates the logging task from the reading task,
+    litellm/litellm_core_utils/streaming_handler.py; the Responses iterators likewise,
+    litellm/responses/streaming_iterator.py). The callback took any SDK request made in
+    that context after the call started for the call's own, and skipped the stream as
+    the openai wrapper's, though LiteLLM had already logged its answer (the call's mark
+    decided) without one: the user saw the SDK call's span and none for the stream."""
+    otel.instrument()
+    sdk_request = request_kwargs("vllm", "chat", False, seed_for("between", api, mode))
+    client = openai.AsyncOpenAI(api_key="sk-t", base_url=simulator_url, max_retries=0)
+    sync_client = openai.OpenAI(api_key="sk-t", base_url=simulator_url, max_retries=0)
+    via_litellm = litellm_kwargs("openai", sdk_request, simulator_url)
+    try:
+        if mode == "async":
+            stream = await open_stream(api, mode, simulator_url, f"{api}-{between}")
+            assert await stream.__anext__()
+            if between == "openai SDK":
+                await client.chat.completions.create(**sdk_request)
+            else:
+                await litellm.acompletion(**via_litellm)
+            assert [chunk async for chunk in stream]
+        else:
+
+            def read_around() -> None:  # in a thread without an event loop, as in a script
+                stream = iter(open_stream(api, mode, simulator_url, f"{api}-{between}"))
+                assert next(stream)
+                if between == "openai SDK":
+                    sync_client.chat.completions.create(**sdk_request)
+                else:
+                    litellm.completion(**via_litellm)
+                assert list(stream)
+
+            await asyncio.to_thread(read_around)
+    finally:
+        await client.close()
+        sync_client.close()
+
+    spans = await settled_spans(otel, 2)
+    # the SDK call's record, and the stream's span (LiteLLM's own handler keeps no stats)
+    assert sorted(s.attributes["spec_decode.outcome"] for s in spans) == ["no_stats", "recorded"]
+    assert otel.requests_by_outcome() == {"no_stats": 1, "recorded": 1}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import multiprocessing.util
 import os
 import threading
 import time
@@ -146,6 +147,10 @@ def _metric_exporter() -> MetricExporter:
     return HttpMetricExporter()
 
 
+def _flush_at_child_exit(built: Providers) -> None:
+    multiprocessing.util.Finalize(None, built.shutdown, exitpriority=0)
+
+
 def _or_warn(signal: str, build: Callable[[], _T]) -> _T | None:
     """``build()``, or None with a RuntimeWarning when the SDK refuses a value its variables
     gave it (``OTEL_METRIC_EXPORT_INTERVAL=0``, ``OTEL_EXPORTER_OTLP_TIMEOUT=abc``): as
@@ -239,6 +244,9 @@ def setup(
             metrics.set_meter_provider(meter_provider)
         built = Providers(tracer_provider, meter_provider, exporting)
         atexit.register(built.shutdown)
+        # A multiprocessing child (fork) ends with os._exit, where atexit never runs:
+        # flush there at multiprocessing's own exit.
+        multiprocessing.util.register_after_fork(built, _flush_at_child_exit)
         instrumentor.instrument(
             tracer_provider=tracer_provider, meter_provider=meter_provider, **instrument_options
         )

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,8 +33,9 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 async def run_exporting(script: str, **env: str) -> tuple[list[Any], list[Any], str]:
-    """Run ``script`` with OTLP/HTTP pointed at a real receiver; the spans and metrics it
-    got once the process has exited (exit flushes both providers), and stderr."""
+    """Run ``script`` (code, or a file's path) with OTLP/HTTP pointed at a real receiver;
+    the spans and metrics it got once the process has exited (exit flushes both
+    providers), and stderr."""
     port = free_port()
     settings = OtelTapHttpProtobufReceiverSettings(http_port=port)
     async with OtelTapHttpProtobufReceiver(settings) as receiver:
@@ -51,8 +53,7 @@ async def run_exporting(script: str, **env: str) -> tuple[list[Any], list[Any], 
         await asyncio.sleep(0.05)  # subscribed before anything can arrive
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
-            "-c",
-            script,
+            *(["-c", script] if "\n" in script else [script]),
             env=clean_env(
                 OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
                 OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
@@ -316,3 +317,36 @@ def test_check_interrupted_while_a_server_hangs_exits_130_without_a_traceback() 
         _, err = proc.communicate(timeout=30)
     assert "Traceback" not in err, err
     assert proc.returncode == 130
+
+
+MULTIPROCESSING_APP = """
+import multiprocessing, os, openai, spec_decode_otel
+
+def work():
+    client = openai.OpenAI(base_url=os.environ["SIMULATOR_URL"], api_key="sk-test", max_retries=0)
+    client.chat.completions.create(model="spec-sim", messages=[{"role": "user", "content": "hi"}])
+    client.close()
+
+if __name__ == "__main__":
+    spec_decode_otel.setup("multiprocessing-app")
+    child = multiprocessing.get_context("fork").Process(target=work)
+    child.start()
+    child.join()
+    assert child.exitcode == 0
+"""
+
+
+async def test_a_multiprocessing_childs_calls_are_exported(
+    simulator_url: str, tmp_path: Path
+) -> None:
+    """``setup()`` flushes its providers at exit through ``atexit``, but a
+    ``multiprocessing`` child (fork start method; Pool workers and billiard's, Celery's,
+    alike) ends with ``os._exit`` after multiprocessing's own exit handlers, where
+    ``atexit`` never runs: a call made in the child was recorded, then lost with the
+    batch processor's queue and the metric reader's sums (no span, no metric reached
+    the receiver). The child's span and metrics are exported when it ends."""
+    app = tmp_path / "app.py"
+    app.write_text(MULTIPROCESSING_APP)
+    spans, metrics, _ = await run_exporting(str(app), SIMULATOR_URL=simulator_url)
+    assert [s.name for s in spans] == ["chat spec-sim"]
+    assert "spec_decode.acceptance_length" in {m.name for m in metrics}

@@ -350,3 +350,26 @@ async def test_a_multiprocessing_childs_calls_are_exported(
     spans, metrics, _ = await run_exporting(str(app), SIMULATOR_URL=simulator_url)
     assert [s.name for s in spans] == ["chat spec-sim"]
     assert "spec_decode.acceptance_length" in {m.name for m in metrics}
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value"),
+    [("inject_include_usage", "false"), ("per_step_max_length", "10")],
+)
+def test_a_keyword_of_the_wrong_type_is_an_error(keyword: str, value: object) -> None:
+    """Keywords are checked by name only (README: "Unknown keywords ... are an error"),
+    so one of the wrong type, as a configuration file's string gives it, was taken as it
+    came: ``inject_include_usage="false"`` is truthy and turned injection on;
+    ``per_step_max_length="10"`` made every call an internal error ("'<=' not supported
+    between instances of 'int' and 'str'", logged) whose span had no outcome and no
+    record. Either is a ``TypeError`` naming the keyword when instrumenting."""
+    import openai
+
+    import spec_decode_otel
+
+    client = openai.OpenAI(api_key="sk-test")
+    try:
+        with pytest.raises(TypeError, match=keyword):
+            spec_decode_otel.instrument_client(client, **{keyword: value})
+    finally:
+        client.close()

@@ -103,6 +103,12 @@ class Settings:
         unknown = set(overrides) - known
         if unknown:
             raise TypeError(f"unknown spec_decode_otel option(s): {', '.join(sorted(unknown))}")
+        for f in fields(cls):
+            # a bool, int or str setting takes only its own type: "false" would be true
+            value = overrides.get(f.name)
+            if value is None or isinstance(f.default, tuple) or type(value) is type(f.default):
+                continue
+            raise TypeError(f"{f.name} must be a {type(f.default).__name__}, not {value!r}")
         env.update({k: v for k, v in overrides.items() if v is not None})
         for name in ("request_engine_stats", "metric_attributes"):
             value = env[name]

@@ -668,10 +668,10 @@ def test_a_server_sent_name_with_a_lone_surrogate_is_left_out(
     """JSON can spell a lone UTF-16 surrogate (``"\\ud800"``) and Python's decoder keeps
     it, but such a string has no UTF-8 form: the OTLP encoder of opentelemetry-exporter-
     otlp-proto-common 1.45.2 (``_internal._encode_attributes``) logs an error with its
-    traceback and drops the attribute, on every span and, for ``gen_ai.response.model`` (a metric attribute),
-    on every metric export from then on. So a server-sent model or finish reason that
-    cannot be encoded is left out as unknown, and the call keeps its record; the user
-    still gets the server's strings as sent."""
+    traceback and drops the attribute, on every span and, for ``gen_ai.response.model``
+    (a metric attribute), on every metric export from then on. So a server-sent model or
+    finish reason that cannot be encoded is left out as unknown, and the call keeps its
+    record; the user still gets the server's strings as sent."""
     from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import (
         encode_metrics,
     )

@@ -519,7 +519,6 @@ def test_sglang_streaming_sglext_rides_its_own_empty_choices_chunk():
         {"spec_verify_ct": 14.0},
         {"spec_num_correct_drafts": -16},
         {"spec_correct_drafts_histogram": [5, 4, 3, "2"]},
-        {"spec_correct_drafts_histogram": [5, 4, 3, 2, 0]},
         {"spec_num_correct_drafts": 15},
     ],
     ids=[
@@ -528,7 +527,6 @@ def test_sglang_streaming_sglext_rides_its_own_empty_choices_chunk():
         "float-steps",
         "negative",
         "bad-hist",
-        "hist-longer-than-k-plus-1",
         "inconsistent",
     ],
 )

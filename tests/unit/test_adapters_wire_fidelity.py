@@ -92,16 +92,65 @@ def test_sglang_eagle_tree_quotient_is_an_upper_bound_not_a_contradiction():
     assert max(record.acceptance_histogram) == 3
 
 
-def test_sglang_histogram_longer_than_k_plus_one_contradicts_k():
-    payload = sglext(verify_ct=10, correct=12, proposed=20, histogram=[2, 4, 4, 0])  # k = 2
+#: SGLang 0.5.23's wheel: ``_calculate_spec_decoding_metrics`` in
+#: ``srt/managers/tokenizer_manager.py`` sets proposed = verify_ct x
+#: (``get_spec().speculative_num_draft_tokens`` - 1), the draft length the server started
+#: with; ``--speculative-adaptive`` starts EAGLE at the middle of its candidate steps (3 of
+#: 1, 3, 5, 7 at batch size 1: ``adaptive_spec_params.py`` ``DEFAULT_ADAPTIVE_CONFIG``,
+#: ``arg_groups/speculative_hook.py`` ``_init_adaptive_speculative_params``) and then
+#: moves the worker between them (``eagle_worker_v2.py`` ``apply_runtime_state``).
+ADAPTIVE_EVIDENCE = "sglang 0.5.23 tokenizer_manager.py, eagle_worker_v2.py"
+
+
+@pytest.mark.parametrize(
+    ("histogram", "correct"),
+    [
+        ([1, 1, 2, 1, 2, 3], 31),  # 10 steps at 5 drafts: more accepted than 30 proposed
+        ([6, 1, 1, 1, 0, 1], 11),  # one step accepted 5 > k = 3, fewer accepted than proposed
+    ],
+    ids=["accepted_over_proposed", "bucket_over_k"],
+)
+def test_sglang_adaptive_draft_length_past_the_startup_one_drops_proposed_k_and_rate(
+    histogram: list[int], correct: int
+) -> None:
+    """Under ``--speculative-adaptive`` (see ADAPTIVE_EVIDENCE) the proposed count assumes
+    the startup draft length (3 here: proposed = 10 x 3) while the worker drafted 5 at
+    times. The measured counts then contradict it, so the proposed count, k and the rate
+    are left out; SGLang's own counts (steps, accepted, histogram) make a partial record,
+    not an invalid one."""
+    detection = detect_outcome(
+        [
+            ParsedResponse.from_dict(
+                sglext(verify_ct=10, correct=correct, proposed=30, histogram=histogram)
+            )
+        ]
+    )
+    assert detection.outcome is Outcome.PARTIAL
+    record = detection.record
+    assert record is not None
+    assert (record.num_spec_steps, record.num_accepted_draft_tokens) == (10, correct)
+    assert record.acceptance_histogram == {j: c for j, c in enumerate(histogram) if c}
+    assert record.mean_acceptance_length == pytest.approx(1 + correct / 10)
+    assert record.num_draft_tokens is None
+    assert record.num_spec_tokens is None
+    assert record.draft_acceptance_rate is None
+
+
+def test_sglang_histogram_with_trailing_zero_buckets_past_k_agrees_with_k():
+    """A zero bucket past k claims no step: it contradicts nothing."""
+    record = record_from_json(sglext(verify_ct=10, correct=12, proposed=20, histogram=[2, 4, 4, 0]))
+    assert record is not None
+    assert record.num_spec_tokens == 2
+    assert record.num_draft_tokens == 20
+
+
+def test_sglang_histogram_that_contradicts_its_own_counts_gives_no_record():
+    """The histogram and the accepted count are both SGLang's measurements: when they
+    disagree the payload contradicts itself."""
+    payload = sglext(verify_ct=10, correct=13, proposed=20, histogram=[2, 4, 4])
     detection = detect_outcome([ParsedResponse.from_dict(payload)])
     assert detection.outcome is Outcome.INVALID
     assert detection.record is None
-
-
-def test_sglang_bucket_above_k_contradicts_k():
-    payload = sglext(verify_ct=10, correct=13, proposed=20, histogram=[2, 4, 3, 1])  # k = 2
-    assert record_from_json(payload) is None
 
 
 def test_sglang_quotient_beyond_the_k_bound_leaves_k_unknown():

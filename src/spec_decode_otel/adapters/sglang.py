@@ -10,8 +10,18 @@ acceptance seen in the request, so its length says nothing about k. SGLang compu
 ``spec_num_proposed_drafts = spec_verify_ct * (speculative_num_draft_tokens - 1)``, so k
 is that quotient when it divides exactly (with EAGLE top-k > 1 it is the tree size minus
 one: an upper bound on any step's acceptance, which is all the record needs), and
-unknown otherwise. A histogram longer than k + 1 contradicts k. A missing histogram is
-sent as ``[]``: with steps > 0 that means "no histogram", and the record is partial.
+unknown otherwise. A missing histogram is sent as ``[]``: with steps > 0 that means "no
+histogram", and the record is partial.
+
+That proposed count is computed, not counted: the tokenizer manager multiplies by the
+draft length the server started with, while ``--speculative-adaptive`` (EAGLE/EAGLE3,
+top-k 1) moves the worker's draft length at run time (``apply_runtime_state`` in
+``eagle_worker_v2.py``; by default among 1, 3, 5 and 7 steps at batch size 1). When the
+measured counts contradict it (a histogram bucket past k, or more accepted than
+proposed), the proposed count, k and the rate are left out and the record is partial;
+the steps, accepted drafts and histogram are SGLang's own counts. Moved below the
+startup length, the count is too high and the rate reads low: nothing on the wire tells.
+Only SGLang's own names are read so; TokenSpeed's counts are held to the rules as sent.
 
 TokenSpeed (SGLang-derived, PR lightseekorg/tokenspeed#1443) sends ``spec_verify_ct``,
 ``spec_accepted_tokens`` (bonus excluded, as in SGLang) and ``spec_draft_tokens`` in
@@ -125,11 +135,14 @@ class SglangAdapter:
                 return None
             if not raw_hist and steps:
                 hist = None  # SGLang's filler for a histogram it did not keep
-            elif k is not None and len(raw_hist) > k + 1:
-                raise InvalidPayload("sglang payload: histogram longer than k + 1")
         tokenspeed = _TOKENSPEED_ACCEPTED in details and not any(
             name in details for name in _ACCEPTED[:-1]
         )
+        if not tokenspeed and (
+            (k is not None and hist and max(hist) > k)
+            or (drafted is not None and accepted > drafted)
+        ):
+            drafted = k = None  # the proposed count assumed a draft length not used
         return build_record(
             "tokenspeed" if tokenspeed else cls.engine,
             responses,

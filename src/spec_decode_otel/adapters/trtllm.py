@@ -6,8 +6,14 @@ acceptance length is derived (1 + accepted/steps) since the engine sends none.
 ``num_spec_tokens`` is null under a draft-length schedule.
 
 Released servers send only ``avg_decoded_tokens_per_iter`` per choice (every streamed
-chunk; the last one wins). That is an acceptance length and nothing else, so the record
-is partial: ``mean_acceptance_length`` set, every count None. No count is invented.
+chunk; the last one wins): ``getAvgDecodedTokensPerIter`` in ``llmRequest.h``, the
+tokens generated over the decoding iterations, where the PyTorch sampler counts the
+prefill iteration and its token too. For S verify steps and A accepted drafts that is
+(1 + S + A) / (1 + S), not the record's 1 + A / S, and nothing else on the wire gives S
+or A (``usage.completion_tokens`` need not equal the engine's count of generated
+tokens). So the record is partial and carries TensorRT-LLM's own average as its mean
+acceptance length, every count None; README says how far it reads low. No count is
+invented.
 """
 
 from __future__ import annotations

@@ -185,12 +185,12 @@ def trtllm_stats(gen: Generation, profile: AcceptanceProfile) -> JSON | None:
 
 
 def trtllm_avg_decoded(steps: int, accepted: int) -> float:
-    """``avg_decoded_tokens_per_iter`` after ``steps`` generation iterations.
-
-    Counts generation iterations only (the context phase's token is not one), which makes
-    it equal 1 + accepted/steps; 1.0 before the first iteration.
-    """
-    return (steps + accepted) / steps if steps else 1.0
+    """``avg_decoded_tokens_per_iter`` after ``steps`` verify steps: the tokens generated
+    over the decoding iterations, the prefill iteration and its token included
+    (``getAvgDecodedTokensPerIter`` in TensorRT-LLM's ``llmRequest.h``; its PyTorch
+    sampler counts the context step as an iteration), so (1 + steps + accepted) /
+    (1 + steps), not the record's 1 + accepted/steps."""
+    return (1 + steps + accepted) / (1 + steps)
 
 
 #: The drafter the simulated mlx-vlm names in ``timings.draft_kind``.

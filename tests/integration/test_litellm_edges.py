@@ -15,7 +15,15 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at i
 import litellm
 import openai
 import pytest
-from instrumentation_helpers import MODEL, Otel, request_kwargs
+from framework_relay import Recorded, Relay
+from instrumentation_helpers import (
+    MODEL,
+    Otel,
+    expected_span_attributes,
+    request_kwargs,
+    spec_decode_attributes,
+)
+from opentelemetry.trace import StatusCode
 from test_litellm import (  # noqa: F401  # the fixtures are used by name
     collect_litellm_leaks,
     litellm_callbacks,
@@ -25,6 +33,8 @@ from test_litellm import (  # noqa: F401  # the fixtures are used by name
     seed_for,
     settled_spans,
 )
+
+import spec_decode_otel
 
 
 def open_stream(api: str, mode: str, base_url: str, seed: str) -> Any:
@@ -97,3 +107,46 @@ async def test_a_stream_read_around_an_sdk_call_in_the_same_context_keeps_its_sp
     # the SDK call's record, and the stream's span (LiteLLM's own handler keeps no stats)
     assert sorted(s.attributes["spec_decode.outcome"] for s in spans) == ["no_stats", "recorded"]
     assert otel.requests_by_outcome() == {"no_stats": 1, "recorded": 1}
+
+
+class FailsFirst(Relay):
+    """The simulator behind a relay that answers its first request 500, as an engine
+    restarting or overloaded does, and forwards the rest."""
+
+    def forward(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, bytes]:
+        with self._lock:
+            first = not self.requests
+            if first:
+                self.requests.append(Recorded(path, headers, body))
+        if first:
+            return 500, "application/json", b'{"error": {"message": "overloaded"}}'
+        return super().forward(path, headers, body)
+
+
+async def test_an_answer_litellm_retried_for_has_its_record(otel: Otel, simulator_url: str) -> None:
+    """``await litellm.acompletion(model="hosted_vllm/...", num_retries=2)``: the first
+    request gets a 500, LiteLLM's retry gets the answer, with its stats. The user saw the
+    first attempt's error span and nothing for the answer.
+
+    LiteLLM 1.110.2 logs the first attempt's failure (``wrapper_async``, utils.py), then
+    retries through ``acompletion_with_retries`` (main.py) with ``original_function``,
+    the undecorated ``acompletion``: the retry never passes through the wrapper that
+    sends the success event, so no callback hears of the answer, then or later. It does
+    log the answer's body (``log_post_api_call``), with the logging object still saying
+    it logged an earlier attempt's failure (``async_failure_logged_attempt``,
+    ``Logging.mark_logging_complete``, litellm_core_utils/litellm_logging.py)."""
+    otel.instrument()
+    request = request_kwargs("vllm", "chat", False, seed_for("retried"))
+    with FailsFirst(simulator_url) as relay:
+        kwargs = {**litellm_kwargs("hosted_vllm", request, relay.url), "num_retries": 2}
+        response = await litellm.acompletion(**kwargs)
+        assert response.choices[0].message.content
+        assert len(relay.requests) == 2
+        record = spec_decode_otel.record_from_json(relay.replay(1))
+    assert record is not None
+
+    failed, answer = sorted(await settled_spans(otel, 2), key=lambda s: s.start_time)
+    assert failed.status.status_code is StatusCode.ERROR
+    assert answer.status.status_code is StatusCode.UNSET
+    assert spec_decode_attributes(answer.attributes) == expected_span_attributes(record)
+    assert otel.requests_by_outcome() == {"error": 1, "recorded": 1}

@@ -190,6 +190,26 @@ def success_event_comes_late(kwargs: Mapping[str, Any]) -> bool:
     return isinstance(params, Mapping) and any(params.get(f) is True for f in _ASYNC_FLAGS)
 
 
+def success_event_never_comes(kwargs: Mapping[str, Any]) -> bool:
+    """A non-streamed attempt made after LiteLLM logged an earlier attempt's failure on
+    the same logging object: a retry of ``acompletion(..., num_retries=N)``.
+
+    LiteLLM logs the failed attempt, then retries through ``acompletion_with_retries``
+    (main.py) with the undecorated ``acompletion``, which skips the wrapper that sends
+    the success event (``wrapper_async``, utils.py): no callback hears of the answer.
+    ``Logging.mark_logging_complete`` (litellm_core_utils/litellm_logging.py) keeps the
+    failed attempt's stamp, which differs from the retry's. A ``completion(...,
+    fallbacks=[...])`` attempt shares its logging object too, and its event does come:
+    recorded earlier, it then finds the attempt recorded.
+    """
+    if kwargs.get("stream") is True:
+        return False
+    failed = kwargs.get("async_failure_logged_attempt")
+    return isinstance(failed, datetime) and failed != kwargs.get(
+        "current_attempt_api_call_start_time"
+    )
+
+
 def attempt_start(kwargs: Mapping[str, Any]) -> datetime | None:
     """When this attempt's request began (the call's start is the first attempt's)."""
     for name in ("current_attempt_api_call_start_time", "api_call_start_time", "start_time"):

@@ -266,9 +266,10 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         started by now, unless the request is deferred (a coroutine or a generator that
         sends it later), so a later SDK request in this context is another call's.
 
-        An attempt whose success event would come late (see
-        :func:`._litellm_kwargs.success_event_comes_late`) is recorded here, from the body
-        LiteLLM logged, and ends now; the late event then finds it recorded.
+        An attempt whose success event would come late, or never (see
+        :func:`._litellm_kwargs.success_event_comes_late` and
+        :func:`._litellm_kwargs.success_event_never_comes`), is recorded here, from the
+        body LiteLLM logged, and ends now; a late event then finds it recorded.
 
         LiteLLM logs the response in the context the SDK request ran in, so an SDK
         request noted here after the call started is this call's. The proxy needs this:
@@ -289,7 +290,8 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             if last_sdk_request.get() > started.mark.started:
                 started.mark.via_sdk = True
             started.mark.decided = True
-            if wire.success_event_comes_late(kwargs) and wire.logged_body(original) is not None:
+            late = wire.success_event_comes_late(kwargs) or wire.success_event_never_comes(kwargs)
+            if late and wire.logged_body(original) is not None:
                 stamp = wire.attempt_start(kwargs)
                 now = datetime.now(stamp.tzinfo) if stamp is not None else None
                 self._ended(kwargs, None, stamp, now)

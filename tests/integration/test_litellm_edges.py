@@ -150,3 +150,33 @@ async def test_an_answer_litellm_retried_for_has_its_record(otel: Otel, simulato
     assert answer.status.status_code is StatusCode.UNSET
     assert spec_decode_attributes(answer.attributes) == expected_span_attributes(record)
     assert otel.requests_by_outcome() == {"error": 1, "recorded": 1}
+
+
+async def test_calls_litellm_never_ends_are_kept_at_most_max_calls(
+    otel: Otel, simulator_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streams read in part and dropped, or closed: LiteLLM 1.110.2 reports their end
+    only when read to the end (``CustomStreamWrapper``, streaming_handler.py; its
+    ``close()`` sends nothing), so they get no span from the callback and stay open.
+    What is kept of them is bounded: past ``MAX_CALLS``, the oldest is forgotten. They
+    are forgotten only so (nothing tells a dropped stream from a slow one), so the count
+    of open calls never falls back to zero; a later call is still recorded."""
+    from spec_decode_otel import integrations
+    from spec_decode_otel.integrations import litellm as callback_module
+
+    monkeypatch.setattr(callback_module, "MAX_CALLS", 2)
+    otel.instrument()
+    for index in range(4):
+        request = request_kwargs("vllm", "chat", True, seed_for("dropped", str(index)))
+        stream = litellm.completion(**litellm_kwargs("hosted_vllm", request, simulator_url))
+        assert next(iter(stream))
+        stream.close()
+    assert len(callback_module._calls._started) == 2
+    assert integrations._open_litellm_calls == 2
+
+    request = request_kwargs("vllm", "chat", False, seed_for("after the dropped ones"))
+    await litellm.acompletion(**litellm_kwargs("hosted_vllm", request, simulator_url))
+    (span,) = await settled_spans(otel)
+    assert span.attributes["spec_decode.outcome"] == "recorded"
+    # its start pushed out one more dropped stream; its end closed it
+    assert integrations._open_litellm_calls == len(callback_module._calls._started) == 1

@@ -180,3 +180,57 @@ async def test_calls_litellm_never_ends_are_kept_at_most_max_calls(
     assert span.attributes["spec_decode.outcome"] == "recorded"
     # its start pushed out one more dropped stream; its end closed it
     assert integrations._open_litellm_calls == len(callback_module._calls._started) == 1
+
+
+#: LiteLLM 1.110.2 leaves its logging worker's task on the loop that closes, and says so
+#: when the task is collected.
+@pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <coroutine object LoggingWorker._worker_loop"
+    ":pytest.PytestUnraisableExceptionWarning"
+)
+@pytest.mark.parametrize("api", ["chat", "responses"])
+async def test_an_async_call_whose_loop_ends_with_it_has_its_span(
+    api: str, otel: Otel, simulator_url: str
+) -> None:
+    """``asyncio.run(litellm.acompletion(model="hosted_vllm/...", ...))``, as a script, a
+    CLI or a sync web handler makes one async call: the call returned, its stats were on
+    the response, and it had no span, nor metric points, while the program ran; at exit,
+    LiteLLM's atexit flush gave it one if the tracer provider was not shut down yet
+    (lost when ``litellm`` was imported before the providers were made: their atexit
+    shutdown runs first).
+
+    LiteLLM 1.110.2 sends a non-streamed async call's success event to a callback with
+    an async hook only through its logging worker's queue
+    (``_client_async_logging_helper``, utils.py; ``LoggingWorker``,
+    litellm_core_utils/logging_worker.py), which runs on the caller's loop; ``asyncio.run``
+    closes that loop as the call returns, and the queued event waits for the next loop
+    LiteLLM runs, or exit (``_flush_on_exit``). LiteLLM logged the answer's body as it
+    came (``log_post_api_call``)."""
+    otel.instrument()
+    seed = seed_for("loop ends", api)
+    if api == "chat":
+        request = litellm_kwargs(
+            "hosted_vllm", request_kwargs("vllm", "chat", False, seed), simulator_url
+        )
+        call = litellm.acompletion
+    else:
+        request = {
+            "model": f"hosted_vllm/{MODEL}",
+            "input": "Name three stripes.",
+            "api_base": simulator_url,
+            "api_key": "sk-t",
+            "extra_headers": {"x-sim-seed": str(seed)},
+        }
+        call = litellm.aresponses
+
+    def script() -> Any:
+        async def main() -> Any:
+            return await call(**request)
+
+        return asyncio.run(main())
+
+    assert await asyncio.to_thread(script)
+    (span,) = await settled_spans(otel)
+    expected = "recorded" if api == "chat" else "no_stats"  # vLLM's Responses: no stats
+    assert span.attributes["spec_decode.outcome"] == expected
+    assert otel.requests_by_outcome() == {expected: 1}

@@ -168,48 +168,6 @@ def server(kwargs: Mapping[str, Any]) -> tuple[str | None, int | None]:
     return parts.hostname or None, port
 
 
-#: LiteLLM's sync call types, and the flags its async ones set in ``litellm_params``.
-_SYNC_CALLS = frozenset({"completion", "text_completion"})
-_ASYNC_FLAGS = ("acompletion", "atext_completion")
-
-
-def success_event_comes_late(kwargs: Mapping[str, Any]) -> bool:
-    """A non-streamed attempt of a sync ``litellm.completion(..., fallbacks=[...])``.
-
-    LiteLLM runs each such attempt as ``acompletion`` on an event loop it makes for the
-    call and closes when the call returns (``completion_with_fallbacks``,
-    litellm_core_utils/fallback_utils.py; ``run_async_function``, asyncify.py). The
-    attempts share the sync call's logging object, so they report the sync call type
-    with the async flag set. The answer's success event is queued for LiteLLM's logging
-    worker on that loop, which never runs it: it runs when LiteLLM next runs a loop, or
-    at exit, or never; and the sync success event skips callbacks of an async request.
-    """
-    if kwargs.get("call_type") not in _SYNC_CALLS or kwargs.get("stream") is True:
-        return False
-    params = kwargs.get("litellm_params")
-    return isinstance(params, Mapping) and any(params.get(f) is True for f in _ASYNC_FLAGS)
-
-
-def success_event_never_comes(kwargs: Mapping[str, Any]) -> bool:
-    """A non-streamed attempt made after LiteLLM logged an earlier attempt's failure on
-    the same logging object: a retry of ``acompletion(..., num_retries=N)``.
-
-    LiteLLM logs the failed attempt, then retries through ``acompletion_with_retries``
-    (main.py) with the undecorated ``acompletion``, which skips the wrapper that sends
-    the success event (``wrapper_async``, utils.py): no callback hears of the answer.
-    ``Logging.mark_logging_complete`` (litellm_core_utils/litellm_logging.py) keeps the
-    failed attempt's stamp, which differs from the retry's. A ``completion(...,
-    fallbacks=[...])`` attempt shares its logging object too, and its event does come:
-    recorded earlier, it then finds the attempt recorded.
-    """
-    if kwargs.get("stream") is True:
-        return False
-    failed = kwargs.get("async_failure_logged_attempt")
-    return isinstance(failed, datetime) and failed != kwargs.get(
-        "current_attempt_api_call_start_time"
-    )
-
-
 def attempt_start(kwargs: Mapping[str, Any]) -> datetime | None:
     """When this attempt's request began (the call's start is the first attempt's)."""
     for name in ("current_attempt_api_call_start_time", "api_call_start_time", "start_time"):

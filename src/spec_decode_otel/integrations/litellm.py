@@ -29,8 +29,9 @@ tell). Several callbacks, or LiteLLM's sync and async success events for one cal
 give one record. Each attempt of LiteLLM's Router (a retry, a fallback) is a call of its
 own, with its own span on the deployment it reached, even under one ``litellm_call_id``.
 
-The span is made when LiteLLM reports the call's end, with the call's own start and end
-times, as a child of the span that was current when the call started. LiteLLM's own
+The span is made when LiteLLM logs a non-streamed call's answer, or reports a streamed
+or failed call's end, with the call's own start and end times, as a child of the span
+that was current when the call started. LiteLLM's own
 OpenTelemetry callback makes and ends its ``litellm_request`` span inside its logging
 handler, which no callback can add attributes to: with it on, each call has LiteLLM's
 span and ours (only ours carries ``spec_decode.*``).
@@ -266,10 +267,15 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         started by now, unless the request is deferred (a coroutine or a generator that
         sends it later), so a later SDK request in this context is another call's.
 
-        An attempt whose success event would come late, or never (see
-        :func:`._litellm_kwargs.success_event_comes_late` and
-        :func:`._litellm_kwargs.success_event_never_comes`), is recorded here, from the
-        body LiteLLM logged, and ends now; a late event then finds it recorded.
+        A non-streamed attempt is recorded here, from the body LiteLLM logged, and ends
+        now; its success event, if it comes, then finds it recorded. LiteLLM 1.110.2 sends
+        an async call's success event only through its logging worker's queue, on the
+        caller's loop (``_client_async_logging_helper``, utils.py): a loop that ends with
+        the call (``asyncio.run``; each attempt of a sync ``completion(...,
+        fallbacks=[...])``, run on a loop made for it by ``run_async_function``,
+        asyncify.py) leaves it queued until LiteLLM next runs a loop, or exit. And a retry
+        of ``acompletion(..., num_retries=N)`` (``acompletion_with_retries``, main.py)
+        runs the undecorated function, which sends no success event at all.
 
         LiteLLM logs the response in the context the SDK request ran in, so an SDK
         request noted here after the call started is this call's. The proxy needs this:
@@ -290,8 +296,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             if last_sdk_request.get() > started.mark.started:
                 started.mark.via_sdk = True
             started.mark.decided = True
-            late = wire.success_event_comes_late(kwargs) or wire.success_event_never_comes(kwargs)
-            if late and wire.logged_body(original) is not None:
+            if kwargs.get("stream") is not True and wire.logged_body(original) is not None:
                 stamp = wire.attempt_start(kwargs)
                 now = datetime.now(stamp.tzinfo) if stamp is not None else None
                 self._ended(kwargs, None, stamp, now)

@@ -1,8 +1,58 @@
-"""Decoding OTLP protobuf attributes in tests that receive real OTLP exports."""
+"""Receiving real OTLP exports in tests, and decoding their attributes."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
+
+from oteltap import OtelTapHttpProtobufReceiver, OtelTapHttpProtobufReceiverSettings
+
+from ports import free_port
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment minus every OTEL_/SPEC_DECODE_OTEL_ setting."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_"))}
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Received:
+    """What an OTLP/HTTP receiver got: traces and metrics requests' items, as they arrive."""
+
+    endpoint: str
+    spans: list[Any] = field(default_factory=list)
+    metrics: list[Any] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def receiving_otlp() -> AsyncIterator[Received]:
+    """A real OTLP/HTTP (protobuf) receiver on a free loopback port, collecting until the
+    block ends."""
+    port = free_port()
+    settings = OtelTapHttpProtobufReceiverSettings(http_port=port)
+    async with OtelTapHttpProtobufReceiver(settings) as receiver:
+        received = Received(f"http://127.0.0.1:{port}")
+
+        async def collect(source: Any, into: list[Any]) -> None:
+            async for item in source:
+                into.append(item)
+
+        tasks = [
+            asyncio.create_task(collect(receiver.stream_traces(), received.spans)),
+            asyncio.create_task(collect(receiver.stream_metrics(), received.metrics)),
+        ]
+        await asyncio.sleep(0.05)  # subscribed before anything can arrive
+        try:
+            yield received
+        finally:
+            for task in tasks:
+                task.cancel()
 
 
 def otlp_attributes(item: Any) -> dict[str, Any]:

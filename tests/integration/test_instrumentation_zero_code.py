@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -21,20 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from oteltap import OtelTapHttpProtobufReceiver, OtelTapHttpProtobufReceiverSettings
-
-from otlp_values import otlp_attributes
-from ports import free_port
+from otlp_values import clean_env, otlp_attributes, receiving_otlp
 
 HERE = Path(__file__).resolve().parent
 APP = HERE / "zero_code_app.py"
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """The test process's environment minus every OTEL_/SPEC_DECODE_OTEL_ setting."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_"))}
-    env.update(extra)
-    return env
 
 
 async def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
@@ -49,21 +38,8 @@ async def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
 async def test_zero_code_exports_spec_decode_spans_and_metrics(simulator_url: str) -> None:
     instrument = shutil.which("opentelemetry-instrument")
     assert instrument, "opentelemetry-distro's opentelemetry-instrument is not installed"
-    port = free_port()
-    settings = OtelTapHttpProtobufReceiverSettings(http_port=port)
-    async with OtelTapHttpProtobufReceiver(settings) as receiver:
-        spans: list[Any] = []
-        metrics: list[Any] = []
-
-        async def collect(source: Any, into: list[Any]) -> None:
-            async for item in source:
-                into.append(item)
-
-        collectors = [
-            asyncio.create_task(collect(receiver.stream_traces(), spans)),
-            asyncio.create_task(collect(receiver.stream_metrics(), metrics)),
-        ]
-        await asyncio.sleep(0.05)  # subscribed before anything can arrive
+    async with receiving_otlp() as received:
+        spans, metrics = received.spans, received.metrics
         env = clean_env(
             SIMULATOR_URL=simulator_url,
             OTEL_SERVICE_NAME="zero-code-app",
@@ -71,7 +47,7 @@ async def test_zero_code_exports_spec_decode_spans_and_metrics(simulator_url: st
             OTEL_METRICS_EXPORTER="otlp",
             OTEL_LOGS_EXPORTER="none",
             OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
-            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+            OTEL_EXPORTER_OTLP_ENDPOINT=received.endpoint,
             OTEL_METRIC_EXPORT_INTERVAL="500",
             OTEL_BSP_SCHEDULE_DELAY="100",
             # only our instrumentor: the span must be ours, not an enriched openai-v2 one
@@ -97,8 +73,6 @@ async def test_zero_code_exports_spec_decode_spans_and_metrics(simulator_url: st
             ),
             15,
         ), ([s.name for s in spans], sorted({m.name for m in metrics}))
-        for task in collectors:
-            task.cancel()
 
     calls = [s for s in spans if s.name == "chat spec-sim"]
     assert len(calls) == 2  # one per call: the JSON one, then the stream

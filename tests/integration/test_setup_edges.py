@@ -19,44 +19,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from oteltap import OtelTapHttpProtobufReceiver, OtelTapHttpProtobufReceiverSettings
 
 from check_command import run_check
-from ports import free_port
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """The test process's environment minus every OTEL_/SPEC_DECODE_OTEL_ setting."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_"))}
-    env.update(extra)
-    return env
+from otlp_values import clean_env, receiving_otlp
 
 
 async def run_exporting(script: str, **env: str) -> tuple[list[Any], list[Any], str]:
     """Run ``script`` (code, or a file's path) with OTLP/HTTP pointed at a real receiver;
     the spans and metrics it got once the process has exited (exit flushes both
     providers), and stderr."""
-    port = free_port()
-    settings = OtelTapHttpProtobufReceiverSettings(http_port=port)
-    async with OtelTapHttpProtobufReceiver(settings) as receiver:
-        spans: list[Any] = []
-        metrics: list[Any] = []
-
-        async def collect(source: Any, into: list[Any]) -> None:
-            async for item in source:
-                into.append(item)
-
-        tasks = [
-            asyncio.create_task(collect(receiver.stream_traces(), spans)),
-            asyncio.create_task(collect(receiver.stream_metrics(), metrics)),
-        ]
-        await asyncio.sleep(0.05)  # subscribed before anything can arrive
+    async with receiving_otlp() as received:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             *(["-c", script] if "\n" in script else [script]),
             env=clean_env(
                 OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
-                OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+                OTEL_EXPORTER_OTLP_ENDPOINT=received.endpoint,
                 **env,
             ),
             stderr=asyncio.subprocess.PIPE,
@@ -64,9 +42,7 @@ async def run_exporting(script: str, **env: str) -> tuple[list[Any], list[Any], 
         _, err = await asyncio.wait_for(proc.communicate(), 60)
         assert proc.returncode == 0, err.decode()
         await asyncio.sleep(0.3)  # what the exit flush sent is through the receiver
-        for task in tasks:
-            task.cancel()
-    return spans, metrics, err.decode()
+    return received.spans, received.metrics, err.decode()
 
 
 ONE_CALL = """

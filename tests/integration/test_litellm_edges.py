@@ -132,9 +132,7 @@ async def test_an_answer_litellm_retried_for_has_its_record(otel: Otel, simulato
     retries through ``acompletion_with_retries`` (main.py) with ``original_function``,
     the undecorated ``acompletion``: the retry never passes through the wrapper that
     sends the success event, so no callback hears of the answer, then or later. It does
-    log the answer's body (``log_post_api_call``), with the logging object still saying
-    it logged an earlier attempt's failure (``async_failure_logged_attempt``,
-    ``Logging.mark_logging_complete``, litellm_core_utils/litellm_logging.py)."""
+    log the answer's body (``log_post_api_call``), where the callback now records it."""
     otel.instrument()
     request = request_kwargs("vllm", "chat", False, seed_for("retried"))
     with FailsFirst(simulator_url) as relay:

@@ -919,6 +919,7 @@ async def test_a_noted_stream_error_excuses_one_failed_call_to_its_server() -> N
         return error
 
     sdk_error, unnoted, dropped = cut(), cut(), cut()
+    set_open_litellm_calls(0)  # whatever an earlier test's dropped LiteLLM stream left open
     note_openai_stream_error(unnoted, "127.0.0.1:1")  # no LiteLLM call open: not kept
     set_open_litellm_calls(1)
     try:

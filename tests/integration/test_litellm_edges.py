@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Iterator
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
@@ -35,6 +36,18 @@ from test_litellm import (  # noqa: F401  # the fixtures are used by name
 )
 
 import spec_decode_otel
+
+
+@pytest.fixture(autouse=True)
+def no_call_left_open() -> Iterator[None]:
+    """Streams these tests drop stay open calls for LiteLLM (it never reports their end),
+    which would leave the stream notes of later tests' openai SDK calls on: forget them."""
+    from spec_decode_otel.integrations import litellm as callback_module
+    from spec_decode_otel.integrations import set_open_litellm_calls
+
+    yield
+    callback_module._calls = callback_module._Calls()
+    set_open_litellm_calls(0)
 
 
 def open_stream(api: str, mode: str, base_url: str, seed: str) -> Any:
@@ -178,6 +191,34 @@ async def test_calls_litellm_never_ends_are_kept_at_most_max_calls(
     assert span.attributes["spec_decode.outcome"] == "recorded"
     # its start pushed out one more dropped stream; its end closed it
     assert integrations._open_litellm_calls == len(callback_module._calls._started) == 1
+
+
+@pytest.mark.parametrize("route", ["hosted_vllm", "openai"])
+def test_a_call_kept_open_keeps_no_prediction_content(
+    route: str, otel: Otel, simulator_url: str
+) -> None:
+    """A ``prediction`` (OpenAI's Predicted Outputs, which LiteLLM 1.110.2 sends on both
+    routes) is the text the model is expected to write: content, often a whole file. The
+    callback keeps each call's request body, without its content, until LiteLLM reports
+    the call's end, which for a dropped stream it never does (up to ``MAX_CALLS`` calls).
+    So what is kept of the prediction is only that there was one, which is all the
+    ``usage`` pair's reading needs (a request with a prediction has its usage counts read
+    as Predicted Outputs, not speculative decoding)."""
+    from spec_decode_otel.integrations import litellm as callback_module
+
+    otel.instrument()
+    predicted = "the predicted text " * 1000
+    request = request_kwargs("vllm", "chat", True, seed_for("prediction", route))
+    kwargs = litellm_kwargs(route, request, simulator_url)
+    stream = litellm.completion(**kwargs, prediction={"type": "content", "content": predicted})
+    try:
+        assert next(iter(stream))
+        kept = [started.request for started in callback_module._calls._started.values()]
+    finally:
+        stream.close()
+    assert kept and kept[-1] is not None
+    assert kept[-1]["prediction"] == {"type": "content"}
+    assert "the predicted text" not in repr(kept)
 
 
 #: LiteLLM 1.110.2 leaves its logging worker's task on the loop that closes, and says so

@@ -20,6 +20,21 @@ from spec_decode_otel.sse import decode_json
 #: Request fields that are content (never read, never kept): chat, completions, the
 #: Responses API's and Anthropic Messages'.
 CONTENT = frozenset({"messages", "prompt", "input", "instructions", "system"})
+#: What is kept of a request's ``prediction`` (Predicted Outputs: the text the model is
+#: expected to write, content too): only that there was one, which decides how the
+#: ``usage`` pair is read.
+PREDICTION_KEPT: Mapping[str, Any] = {"type": "content"}
+
+
+def request_kept(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The request body as kept until LiteLLM reports the call's end (which it may never
+    do): without its content."""
+    kept = {k: v for k, v in body.items() if k not in CONTENT}
+    if kept.get("prediction") is not None:
+        kept["prediction"] = PREDICTION_KEPT
+    return kept
+
+
 #: Choice fields that are content (never read) or that the choice view sets itself.
 _NOT_STATS = frozenset({"text", "message", "delta", "logprobs", "index", "finish_reason"})
 

@@ -99,8 +99,9 @@ class _Started:
     context: Context
     #: ``spec_decode_otel.attributes`` in force where the call was made.
     user: Mapping[str, Any]
-    #: The JSON body LiteLLM built, for adapters that read the request, without the
-    #: prompt and messages: a call LiteLLM never reports ended must not keep them.
+    #: The JSON body LiteLLM built, for adapters that read the request, without its
+    #: content (:func:`._litellm_kwargs.request_kept`): a call LiteLLM never reports
+    #: ended must not keep it.
     request: Mapping[str, Any] | None
     #: Sequences the request asked for (``n``, times the prompts of a completion).
     sequences: int
@@ -256,7 +257,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
                 SdkMark(),
                 otel_context.get_current(),
                 current_attributes(),
-                None if body is None else {k: v for k, v in body.items() if k not in wire.CONTENT},
+                None if body is None else wire.request_kept(body),
                 _requested_sequences(body or {}),
             )
 

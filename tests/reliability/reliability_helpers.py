@@ -80,6 +80,35 @@ def internal_errors() -> Iterator[list[str]]:
         _logging.rate_limited = saved_limit
 
 
+@contextlib.contextmanager
+def no_litellm_call_open() -> Iterator[None]:
+    """No LiteLLM call counts as open inside the block, whatever earlier tests left.
+
+    While a LiteLLM call is open the openai wrapper notes each SDK stream for the LiteLLM
+    callback (``integrations.note_openai_stream``, a cache bounded at ``MAX_STREAMS``).
+    A stream dropped before its end is a call LiteLLM never reports ended, so it stays
+    open, and LiteLLM's logging worker, still running events of earlier tests, sets the
+    count of open calls again from the callback's table whenever a call ends. So the
+    table is swapped for an empty one too (when the callback's module is loaded at all).
+    """
+    import sys
+
+    from spec_decode_otel import integrations
+
+    callback_module = sys.modules.get("spec_decode_otel.integrations.litellm")
+    saved_count = integrations._open_litellm_calls
+    saved_calls = getattr(callback_module, "_calls", None)
+    if callback_module is not None:
+        callback_module._calls = callback_module._Calls()
+    integrations.set_open_litellm_calls(0)
+    try:
+        yield
+    finally:
+        if callback_module is not None:
+            callback_module._calls = saved_calls
+        integrations.set_open_litellm_calls(saved_count)
+
+
 class SpanCounter(SpanProcessor):
     """Counts spans started and ended (open spans = started - ended)."""
 

@@ -36,11 +36,11 @@ from reliability_helpers import (
     canary_messages,
     instrumented,
     mock_client,
+    no_litellm_call_open,
     sse_response,
 )
 
 from reclaimed import collect
-from spec_decode_otel import integrations
 from spec_decode_otel.instrumentation.responses import (
     AsyncRawResponseProxy,
     SyncRawResponseProxy,
@@ -156,20 +156,13 @@ async def run_async_calls(client: Any, count: int, start: int = 0, batch: int = 
 
 
 @pytest.fixture(autouse=True)
-def no_litellm_call_open() -> Iterator[None]:
-    """While a LiteLLM call is open, the openai wrapper notes each SDK stream for the
-    LiteLLM callback (``integrations.note_openai_stream``: a cache bounded at
-    ``MAX_STREAMS``), and a call LiteLLM never reports ended stays open until newer ones
-    push it out. An earlier test's such call would fill that cache here, one entry per
-    stream, and read as growth: with one call held open the async test reads over 5,000
-    blocks more, and a fresh-venv CI run, after some earlier test's LiteLLM call was never
-    reported ended, read 2,119. No LiteLLM runs here, so these tests start with none open."""
-    saved = integrations._open_litellm_calls
-    integrations.set_open_litellm_calls(0)
-    try:
+def no_open_litellm_call() -> Iterator[None]:
+    """An earlier test's LiteLLM call never reported ended would fill the stream-note
+    cache here, one entry per stream, and read as growth (one call held open: over 5,000
+    blocks; fresh-venv CI runs after dropped LiteLLM streams: 2,097 and 2,119). No
+    LiteLLM runs here, so these tests start with none open (``no_litellm_call_open``)."""
+    with no_litellm_call_open():
         yield
-    finally:
-        integrations.set_open_litellm_calls(saved)
 
 
 @pytest.fixture

@@ -44,7 +44,13 @@ import pytest
 from loopback import LoopbackServer
 from opentelemetry import baggage, context, propagate
 from opentelemetry.trace import StatusCode
-from reliability_helpers import API_KEY, Otel, instrumented, internal_errors
+from reliability_helpers import (
+    API_KEY,
+    Otel,
+    instrumented,
+    internal_errors,
+    no_litellm_call_open,
+)
 
 from record_json import WIRE_EXAMPLES
 from spec_decode_otel import SpecDecodeInstrumentor, instrument_client
@@ -735,7 +741,7 @@ def test_a_server_sent_response_id_is_kept_in_memory_only_when_short_and_needed(
         read(client, stream=True)
 
     try:
-        with instrumented(otel):
+        with no_litellm_call_open(), instrumented(otel):
             stream_with_id(unneeded)
             set_open_litellm_calls(1)  # as the LiteLLM callback does for a call it saw start
             try:

@@ -15,6 +15,8 @@ them with the real ``openai`` SDK (3.63.0) against the simulator.
 
 from __future__ import annotations
 
+import copy
+import pickle
 import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, ExitStack
@@ -298,3 +300,150 @@ async def test_aclose_before_any_chunk_ends_the_call_at_once(
     del stream
     collect()
     assert len(instrumented.spans()) == 1
+
+
+# -- copy.copy, copy.deepcopy, pickle ----------------------------------------------------
+
+#: What the user may copy: a stream, its ``response``, and the response wrappers of
+#: ``with_streaming_response`` and ``with_raw_response``.
+COPIED = ["stream", "stream.response", "streaming_response", "raw_response"]
+
+
+def _copy_outcomes(obj: Any) -> list[str]:
+    """What ``copy.copy``, ``copy.deepcopy`` and a pickle round trip of ``obj`` give:
+    the class of the result, or the exception raised."""
+    outcomes = []
+    for how in (copy.copy, copy.deepcopy, lambda o: pickle.loads(pickle.dumps(o))):
+        try:
+            outcomes.append(how(obj).__class__.__name__)
+        except Exception as exc:
+            outcomes.append(type(exc).__name__)
+    return outcomes
+
+
+async def _copied(mode: str, kind: str, sync_client: Any, async_client: Any) -> list[str]:
+    """``_copy_outcomes`` of one ``kind`` of object the SDK hands back, then closed."""
+    kwargs = kwargs_for(68, stream_options={"include_usage": True})
+    client = sync_client if mode == "sync" else async_client
+    if kind in ("stream", "stream.response"):
+        stream = client.chat.completions.create(**kwargs)
+        stream = await stream if mode == "async" else stream
+        outcomes = _copy_outcomes(stream if kind == "stream" else stream.response)
+        await _close(stream.close())
+        return outcomes
+    if kind == "raw_response":
+        raw = client.chat.completions.with_raw_response.create(**kwargs)
+        raw = await raw if mode == "async" else raw
+        outcomes = _copy_outcomes(raw)
+        await _close(raw.parse().close())
+        return outcomes
+    if mode == "sync":
+        with client.chat.completions.with_streaming_response.create(**kwargs) as response:
+            return _copy_outcomes(response)
+    async with client.chat.completions.with_streaming_response.create(**kwargs) as response:
+        return _copy_outcomes(response)
+
+
+async def _close(result: Any) -> None:
+    if result is not None:
+        await result
+
+
+# deepcopy of an SDK object (3.63.0) fails half-way through copying its client, whose
+# ``HttpxClientWrapper.__del__`` then fails on the half-made copy: the SDK's, not ours.
+SDK_HALF_COPIED_CLIENT = (
+    r"ignore:Exception ignored in. <function (Sync|Async)HttpxClientWrapper.__del__"
+    r":pytest.PytestUnraisableExceptionWarning"
+)
+
+
+@pytest.mark.filterwarnings(SDK_HALF_COPIED_CLIENT)
+@pytest.mark.parametrize("kind", COPIED)
+@pytest.mark.parametrize("mode", MODES)
+async def test_copying_what_the_user_gets_back_does_what_copying_the_sdks_object_does(
+    mode: str, kind: str, otel: Otel, openai_client: Any, async_openai_client: Any
+) -> None:
+    """openai 3.63.0: ``copy.copy()`` of a ``Stream``/``AsyncStream``, its httpx response,
+    an ``APIResponse``/``AsyncAPIResponse`` or a ``LegacyAPIResponse`` gives an object of
+    the same class; ``copy.deepcopy()`` and ``pickle`` raise ``TypeError`` (the client's
+    lock). wrapt's ``ObjectProxy`` (2.1.2, ``wrappers.py``) raises ``NotImplementedError``
+    for all three unless the proxy defines them: code that copies what it got back
+    (a cache, a framework's defensive copy) must see what it sees without us."""
+    bare = await _copied(mode, kind, openai_client, async_openai_client)
+    otel.instrument()
+    ours = await _copied(mode, kind, openai_client, async_openai_client)
+    assert ours == bare
+    assert bare[0] != "NotImplementedError"
+    del bare, ours
+    collect()
+    assert [span.attributes["spec_decode.outcome"] for span in otel.spans()] == ["not_read_to_end"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_copied_stream_read_to_its_end_is_recorded_once_as_the_stream_would_be(
+    mode: str, otel: Otel, openai_client: Any, async_openai_client: Any
+) -> None:
+    """The SDK's shallow copy of a stream (3.63.0: ``copy.copy`` copies ``__dict__``)
+    shares its ``_iterator`` and ``response``: it is the same stream. Read through the
+    copy, the user sees the chunks the bare SDK shows (with ``inject_include_usage`` our
+    usage chunk still hidden), the call is recorded from them, and it ends once: neither
+    the original, then read to its (shared) end and closed, nor the collector reclaiming
+    both ends it again."""
+
+    async def read_a_copy() -> tuple[list[Any], list[Any]]:
+        kwargs = kwargs_for(69)
+        if mode == "sync":
+            stream = openai_client.chat.completions.create(**kwargs)
+            twin = copy.copy(stream)
+            assert isinstance(twin, openai.Stream)
+            chunks, rest = list(twin), list(stream)
+            stream.close()
+        else:
+            stream = await async_openai_client.chat.completions.create(**kwargs)
+            twin = copy.copy(stream)
+            assert isinstance(twin, openai.AsyncStream)
+            chunks, rest = [c async for c in twin], [c async for c in stream]
+            await stream.close()
+        return chunks, rest
+
+    bare, bare_rest = await read_a_copy()
+    otel.instrument(inject_include_usage=True)
+    ours, rest = await read_a_copy()
+    assert rest == bare_rest == []
+    assert dumps_without_volatile(ours) == fingerprint_left_on_the_usage_chunk(
+        dumps_without_volatile(bare)
+    )
+    span = otel.only_span()
+    assert span.attributes["spec_decode.outcome"] == "recorded"
+    assert span.attributes["spec_decode.engine"] == "vllm"
+    collect()
+    assert len(otel.spans()) == 1
+    assert otel.requests_by_outcome() == {"recorded": 1}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_copied_streaming_response_read_raw_ends_the_call_of_the_response_once(
+    mode: str, instrumented: Otel, openai_client: Any, async_openai_client: Any
+) -> None:
+    """A copy of a ``with_streaming_response`` response (3.63.0: the same
+    ``http_response``) read raw with ``iter_lines()`` is that response's body: the call is
+    recorded from it, and the block's exit closing the original ends nothing more."""
+    kwargs = kwargs_for(70, stream_options={"include_usage": True})
+    if mode == "sync":
+        with openai_client.chat.completions.with_streaming_response.create(**kwargs) as raw:
+            twin = copy.copy(raw)
+            assert isinstance(twin, openai.APIResponse)
+            lines = list(twin.iter_lines())
+    else:
+        async with async_openai_client.chat.completions.with_streaming_response.create(
+            **kwargs
+        ) as raw:
+            twin = copy.copy(raw)
+            assert isinstance(twin, openai.AsyncAPIResponse)
+            lines = [line async for line in twin.iter_lines()]
+    assert "data: [DONE]" in lines
+    span = instrumented.only_span()
+    assert span.attributes["spec_decode.outcome"] == "recorded"
+    del raw, twin
+    collect()
+    assert instrumented.requests_by_outcome() == {"recorded": 1}

@@ -10,7 +10,8 @@ streaming response); a ``with_streaming_response`` proxy also watches the raw re
 events read that way feed the same :class:`StreamObserver` as ``.parse()``'s chunks, and a
 JSON body read that way is decoded at its end. The user's reads return exactly what the
 SDK returns: a raw reader sees the bytes the server sent, our injected usage chunk
-included.
+included. ``copy.copy()`` of a proxy is a proxy of the SDK's copy that shares what the
+proxy learnt (the parsed stream, the raw reads) and ends the same call.
 """
 
 from __future__ import annotations
@@ -21,13 +22,12 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
-import wrapt
-
 from spec_decode_otel._logging import rate_limited, report_internal_error
 from spec_decode_otel.instrumentation import finalizer
 from spec_decode_otel.instrumentation.call import Call
 from spec_decode_otel.instrumentation.streams import (
     AsyncStreamProxy,
+    CopiedLikeTheSdk,
     StreamObserver,
     SyncStreamProxy,
 )
@@ -233,27 +233,51 @@ def _json_body(body: str | bytes) -> Any:
     return value
 
 
-class _RawResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from wrapt 2
-    def __init__(self, wrapped: Any, call: Call, hide_usage: bool) -> None:
+class _BodyState:
+    """What the user did with one response body, shared by its proxy and their copies."""
+
+    __slots__ = ("parsed", "raw")
+
+    def __init__(self) -> None:
+        #: (what the SDK parsed, what the user got): ``parse()`` is cached by the SDK, so
+        #: the user gets the same proxy on every call.
+        self.parsed: tuple[Any, Any] | None = None
+        #: Set once the user reads the body raw.
+        self.raw: RawBody | None = None
+
+
+class _RawResponseProxy(CopiedLikeTheSdk):
+    def __init__(
+        self,
+        wrapped: Any,
+        call: Call,
+        hide_usage: bool,
+        origin: _RawResponseProxy | None = None,
+    ) -> None:
         super().__init__(wrapped)
         self._self_call = call
         self._self_hide_usage = hide_usage
-        #: (what the SDK parsed, what the user got): ``parse()`` is cached by the SDK, so
-        #: the user gets the same proxy on every call.
-        self._self_parsed: tuple[Any, Any] | None = None
-        #: Set once the user reads the body raw.
-        self._self_raw: RawBody | None = None
+        self._self_state: _BodyState = origin._self_state if origin is not None else _BodyState()
+        #: A copy's: the proxy first made, kept alive by its copies, so that its reclaim,
+        #: which ends the call, comes after theirs (which end nothing).
+        self._self_origin = origin
         finalizer.start()
+
+    def _twin(self, wrapped: Any) -> Any:
+        return type(self)(
+            wrapped, self._self_call, self._self_hide_usage, self._self_origin or self
+        )
 
     def __repr__(self) -> str:  # the SDK's "<APIResponse [200 OK] type=...>"
         return repr(self.__wrapped__)
 
     def _observe_parsed(self, parsed: Any) -> Any:
+        state = self._self_state
         try:
-            if self._self_parsed is not None and self._self_parsed[0] is parsed:
-                return self._self_parsed[1]
+            if state.parsed is not None and state.parsed[0] is parsed:
+                return state.parsed[1]
             result = wrap_parsed(self._self_call, parsed, self._self_hide_usage)
-            self._self_parsed = (parsed, result)
+            state.parsed = (parsed, result)
             return result
         except Exception:
             report_internal_error("raw.parse")
@@ -264,32 +288,36 @@ class _RawResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic
         return body
 
     def _raw_body(self) -> RawBody:
-        if self._self_raw is None:
-            self._self_raw = RawBody(self._self_call, self.__wrapped__)
-        return self._self_raw
+        state = self._self_state
+        if state.raw is None:
+            state.raw = RawBody(self._self_call, self.__wrapped__)
+        return state.raw
 
     def _ending(self) -> Callable[[], None] | None:
         """What ends the call when the response is closed or reclaimed: None when the
         user's ``parse()`` result ends it. It does not hold the proxy."""
-        if self._self_raw is not None:
-            return self._self_raw.stop
-        if self._self_parsed is None:
+        state = self._self_state
+        if state.raw is not None:
+            return state.raw.stop
+        if state.parsed is None:
             return functools.partial(self._self_call.finish_empty, read_to_end=False)
         return None
 
     def _closed(self) -> None:
         end = self._ending()
-        if end is None and self._self_parsed is not None:
+        if end is None and self._self_state.parsed is not None:
             # The user's parse() gave a stream: closing the response ends it (the SDK's
             # ``with_streaming_response`` block closes it at its exit). Not on reclaim:
             # the stream may outlive this response object and still be read.
-            parsed = self._self_parsed[1]
+            parsed = self._self_state.parsed[1]
             if isinstance(parsed, (SyncStreamProxy, AsyncStreamProxy)):
                 end = parsed._self_observer.on_stop
         if end is not None:
             end()
 
     def __del__(self) -> None:
+        if self._self_origin is not None:
+            return
         end = self._ending()
         if end is not None and self._self_call.reclaimed():
             finalizer.defer(end)

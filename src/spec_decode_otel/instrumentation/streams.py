@@ -14,10 +14,16 @@ hands those over, and the ``Call`` counts only an ``Exception`` as a failure.
 
 The span is never made current while the user iterates: between chunks the caller's own
 context is in force.
+
+``copy.copy()`` of a proxy copies what it wraps the way the SDK does (a shallow copy: the
+same stream, its iterator and response shared) and watches the copy with the same
+observer, so the call still ends once; ``copy.deepcopy()`` and ``pickle`` do exactly what
+they do to the SDK's object (see :class:`CopiedLikeTheSdk`).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
 from collections import deque
@@ -223,7 +229,33 @@ def _sdk_fields() -> tuple[frozenset[str], frozenset[str]]:
     return root, frozenset(Choice.model_fields) | frozenset(CompletionChoice.model_fields)
 
 
-class _HttpResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from wrapt 2
+class CopiedLikeTheSdk(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from wrapt 2
+    """A proxy that ``copy`` and ``pickle`` treat as the SDK's object they wrap.
+
+    wrapt's ``ObjectProxy`` raises ``NotImplementedError`` from all of them, where the
+    SDK's objects copy (and its ``httpx`` response also deep-copies and pickles). A
+    shallow copy is the SDK's copy of the wrapped object, wrapped by :meth:`_twin` (the
+    same body: watched by the same observer, it ends the same call). A deep copy or a
+    pickle is a new, independent object, the SDK's own and unobserved, or the SDK's error.
+    """
+
+    def _twin(self, wrapped: Any) -> Any:
+        raise NotImplementedError
+
+    def __copy__(self) -> Any:
+        return self._twin(copy.copy(self.__wrapped__))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return copy.deepcopy(self.__wrapped__, memo)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self.__wrapped__.__reduce_ex__(protocol)
+
+    def __reduce__(self) -> Any:
+        return self.__wrapped__.__reduce__()
+
+
+class _HttpResponseProxy(CopiedLikeTheSdk):
     """The stream's ``httpx`` response, whose ``close``/``aclose`` also end the call.
 
     The SDK's ``chat.completions.stream()`` helper (and some user code) closes a stream
@@ -236,6 +268,9 @@ class _HttpResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generi
 
     def __repr__(self) -> str:  # the response's own, as a log line or a debugger shows it
         return repr(self.__wrapped__)
+
+    def _twin(self, wrapped: Any) -> _HttpResponseProxy:
+        return _HttpResponseProxy(wrapped, self._self_observer)
 
     def close(self) -> None:
         try:
@@ -250,12 +285,26 @@ class _HttpResponseProxy(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generi
             self._self_observer.on_stop()
 
 
-class _StreamProxyBase(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from wrapt 2
-    def __init__(self, wrapped: Any, call: Call, hide_usage_chunk: bool = False) -> None:
+class _StreamProxyBase(CopiedLikeTheSdk):
+    def __init__(
+        self,
+        wrapped: Any,
+        call: Call,
+        hide_usage_chunk: bool = False,
+        origin: _StreamProxyBase | None = None,
+    ) -> None:
         super().__init__(wrapped)
-        self._self_observer = StreamObserver(call, hide_usage_chunk)
+        self._self_observer: StreamObserver = (
+            origin._self_observer if origin is not None else StreamObserver(call, hide_usage_chunk)
+        )
+        #: A copy's: the proxy first made, kept alive by its copies, so that its reclaim,
+        #: which ends the call, comes after theirs (which end nothing).
+        self._self_origin = origin
         self._self_response: Any = None
         finalizer.start()
+
+    def _twin(self, wrapped: Any) -> Any:
+        return type(self)(wrapped, self._self_observer.call, origin=self._self_origin or self)
 
     def __repr__(self) -> str:  # the stream's own, not wrapt's "<... at 0x... for ...>"
         return repr(self.__wrapped__)
@@ -269,7 +318,7 @@ class _StreamProxyBase(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic 
 
     def __del__(self) -> None:
         observer = self._self_observer
-        if observer.call.reclaimed():
+        if self._self_origin is None and observer.call.reclaimed():
             finalizer.defer(observer.on_stop)
 
 

@@ -4,7 +4,8 @@ Builds a TracerProvider and a MeterProvider from the standard ``OTEL_*`` variabl
 (service name and resource attributes, ``OTEL_EXPORTER_OTLP_ENDPOINT``/``_PROTOCOL``,
 headers, timeouts, metric export interval; ``OTEL_TRACES_EXPORTER`` or
 ``OTEL_METRICS_EXPORTER`` ``none`` leaves that signal unexported), installs them globally,
-and instruments.
+and instruments. A value the SDK refuses (a protocol other than ``grpc`` or
+``http/protobuf``, an interval of 0) warns and leaves that signal unexported.
 With no endpoint configured nothing is exported and nothing fails: the application keeps
 running, the instrumentation's data is simply kept in-process (readable with a reader
 passed in ``metric_readers``). Exporters use batching and export timeouts, so a stopped
@@ -104,6 +105,12 @@ def _otlp_variable(signal: str, name: str) -> str:
     )
 
 
+#: The OTLP transports the Python exporters implement: the SDK's auto-configuration
+#: (``_EXPORTER_BY_OTLP_PROTOCOL``) knows these two and refuses any other value,
+#: ``http/json`` included.
+_PROTOCOLS = ("grpc", "http/protobuf")
+
+
 def _exported(signal: str) -> bool:
     """Whether ``signal`` (``TRACES``, ``METRICS``) goes over OTLP: an endpoint is set for
     it, the SDK is not disabled (``OTEL_SDK_DISABLED=true``), and ``OTEL_<SIGNAL>_EXPORTER``
@@ -117,8 +124,23 @@ def _exported(signal: str) -> bool:
 
 
 def _grpc(signal: str) -> bool:
-    """gRPC unless the protocol variable names another (OTLP's default transport)."""
-    return (_otlp_variable(signal, "PROTOCOL") or "grpc").strip() == "grpc"
+    """gRPC unless the protocol variable says ``http/protobuf`` (OTLP's default transport).
+
+    Raises ``ValueError`` naming the variable for any other value, as the SDK's own
+    auto-configuration refuses it ("Unsupported OTLP protocol"): a typo (``grcp``) or
+    ``http/json`` would otherwise export over a transport nobody asked for.
+    """
+    name = f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL"
+    if not os.environ.get(name):
+        name = "OTEL_EXPORTER_OTLP_PROTOCOL"
+    value = os.environ.get(name, "")
+    protocol = value.strip() if value else "grpc"  # as the SDK: set but blank is refused
+    if protocol not in _PROTOCOLS:
+        raise ValueError(
+            f"{name}={value!r} is not an OTLP protocol the Python exporters speak "
+            f"({', '.join(_PROTOCOLS)})"
+        )
+    return protocol == "grpc"
 
 
 # The exporters are imported on use (gRPC is heavy) and read every other
@@ -153,8 +175,9 @@ def _flush_at_child_exit(built: Providers) -> None:
 
 def _or_warn(signal: str, build: Callable[[], _T]) -> _T | None:
     """``build()``, or None with a RuntimeWarning when the SDK refuses a value its variables
-    gave it (``OTEL_METRIC_EXPORT_INTERVAL=0``, ``OTEL_EXPORTER_OTLP_TIMEOUT=abc``): as
-    under ``opentelemetry-instrument``, the application runs on, that signal unexported."""
+    gave it (``OTEL_METRIC_EXPORT_INTERVAL=0``, ``OTEL_EXPORTER_OTLP_TIMEOUT=abc``,
+    ``OTEL_EXPORTER_OTLP_PROTOCOL=grcp``): as under ``opentelemetry-instrument``, the
+    application runs on, that signal unexported."""
     try:
         return build()
     except ValueError as exc:

@@ -33,9 +33,11 @@ async def run_exporting(script: str, **env: str) -> tuple[list[Any], list[Any], 
             sys.executable,
             *(["-c", script] if "\n" in script else [script]),
             env=clean_env(
-                OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
-                OTEL_EXPORTER_OTLP_ENDPOINT=received.endpoint,
-                **env,
+                **{
+                    "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": received.endpoint,
+                    **env,
+                }
             ),
             stderr=asyncio.subprocess.PIPE,
         )
@@ -243,6 +245,51 @@ async def test_an_exporter_the_sdk_refuses_to_build_warns_and_the_app_runs(
     assert metrics == []
     assert "RuntimeWarning" in err and "metrics are not exported" in err, err
     assert "interval value 0.0 is invalid" in err, err
+
+
+@pytest.mark.parametrize(
+    ("env", "named", "sent"),
+    [
+        (
+            {"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/json"},
+            "METRICS_PROTOCOL='http/json'",
+            "spans",
+        ),
+        ({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grcp"}, "TRACES_PROTOCOL='grcp'", "metrics"),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "grcp",
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            },
+            "OTEL_EXPORTER_OTLP_PROTOCOL='grcp'",
+            "spans",
+        ),
+    ],
+)
+async def test_an_otlp_protocol_the_exporters_do_not_speak_warns_naming_it_and_exports_nothing(
+    simulator_url: str, env: dict[str, str], named: str, sent: str
+) -> None:
+    """``OTEL_EXPORTER_OTLP_PROTOCOL`` (or the per-signal ``_TRACES_``/``_METRICS_``
+    variable, which wins) set to a typo (``grcp``) or to ``http/json``, which the
+    specification names but the Python exporters do not implement: the SDK's
+    auto-configuration (opentelemetry-sdk 1.45.2, ``_configuration/__init__.py``,
+    ``_EXPORTER_BY_OTLP_PROTOCOL`` has ``grpc`` and ``http/protobuf`` only) raises
+    "Unsupported OTLP protocol ... is configured", so under ``opentelemetry-instrument``
+    nothing is exported. ``setup()`` took any value but ``grpc`` for ``http/protobuf``,
+    silently. Now that signal is not exported, with a ``RuntimeWarning`` naming the
+    variable and its value (as for the other values the SDK refuses); a signal whose own
+    variable is valid still is."""
+    spans, metrics, err = await run_exporting(ONE_CALL, SIMULATOR_URL=simulator_url, **env)
+    got = {"spans": [s.name for s in spans], "metrics": [m.name for m in metrics]}
+    if sent == "spans":
+        assert got == {"spans": ["chat spec-sim"], "metrics": []}
+        assert "RuntimeWarning: spec_decode_otel.setup(): metrics are not exported" in err, err
+    else:
+        assert got["spans"] == []
+        assert "spec_decode.acceptance_length" in got["metrics"]
+        assert "RuntimeWarning: spec_decode_otel.setup(): spans are not exported" in err, err
+    assert named in err, err
+    assert "grpc, http/protobuf" in err, err
 
 
 def test_setup_under_otel_sdk_disabled_builds_no_exporter() -> None:

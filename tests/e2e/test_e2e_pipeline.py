@@ -430,3 +430,60 @@ def _response_models(prom: httpx.Client, workloads: dict[str, Workload]) -> set[
             f'spec_decode_acceptance_length_count{{job=~"{services}"}}',
         )
     )
+
+
+def _over_totals(expr: str) -> str:
+    """Every ``increase(M{...}[$__range])`` and ``rate(M{...}[$__rate_interval])`` of a
+    panel -> ``M{...}``: the panel's formula over cumulative totals, which are exact."""
+    return re.sub(
+        r"(?:increase|rate)\(([a-z_:]+\{[^}]*\})\[\$__(?:range|rate_interval)\]\)", r"\1", expr
+    )
+
+
+def test_token_weighted_acceptance_length_counts_only_requests_with_verify_steps(
+    reconciliation: Reconciliation, prom: httpx.Client
+) -> None:
+    """One service calls a vLLM server (a histogram per request, so verify steps) and a
+    llama.cpp one (accepted and drafted counts, no steps: wire-formats.md, llama.cpp
+    b11312 ``timings``). Every token-weighted acceptance length on the dashboard is
+    1 + accepted drafts / verify steps of the requests that have steps: the llama.cpp
+    accepted tokens, with no steps to divide by, must not be added in (they were: the Overview stat
+    and the by-model and by-dimension panels read too high)."""
+    job = f'job=~"(.+/)?{reconciliation.service}"'
+    steps = prom_by_label(
+        prom,
+        f"sum by (spec_decode_accepted) (spec_decode_verify_steps_total{{{job}}})",
+        "spec_decode_accepted",
+    )
+    assert steps, "no verify steps from the vLLM server"
+    llamacpp = prom_scalar(
+        prom,
+        f'sum(spec_decode_accepted_draft_tokens_total{{{job}, spec_decode_engine="llamacpp"}})',
+    )
+    assert llamacpp, "no accepted drafts from the llama.cpp server"
+    want = 1 + sum(int(j) * n for j, n in steps.items()) / sum(steps.values())
+
+    variables = {
+        "service": reconciliation.service,
+        "model": ".*",
+        "engine": ".*",
+        "server": ".*",
+        "dimension": "job",
+        "__rate_interval": "5m",
+        "__range": "10m",
+    }
+    checked = []
+    for panel, target in _targets(_dashboard()):
+        expr = target["expr"]
+        if not (expr.lstrip().startswith("1 +") and "spec_decode_verify_steps_total" in expr):
+            continue
+        where = f"{panel['title']!r} {target['refId']}"
+        values = [
+            float(r["value"][1])
+            for r in prom_query(prom, _substitute(_over_totals(expr), variables))
+        ]
+        assert values, f"{where}: no data"
+        for value in values:
+            _close(value, want, where)
+        checked.append(where)
+    assert len(checked) >= 3, checked

@@ -16,6 +16,7 @@ import math
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import httpx
 import pytest
 from e2e_stack import (
     CONFIG_DIR,
+    Stack,
     jaeger_trace_spans,
     prom_by_label,
     prom_exemplars,
@@ -375,7 +377,8 @@ def test_dashboard_overview_equals_records(
     def scalar(title: str) -> float | None:
         return prom_scalar(prom, by_title[title])
 
-    _close(scalar("Requests with acceptance data"), len(exp.mal), "requests")
+    # Every record counts, with or without a mean acceptance length (spec_decode.requests).
+    _close(scalar("Requests with acceptance data"), len(records), "requests")
     _close(scalar("Acceptance length (token-weighted)"), exp.token_weighted_al, "token-weighted AL")
     _close(scalar("Mean acceptance length per request"), sum(exp.mal) / len(exp.mal), "mean AL")
     _close(
@@ -487,3 +490,94 @@ def test_token_weighted_acceptance_length_counts_only_requests_with_verify_steps
             _close(value, want, where)
         checked.append(where)
     assert len(checked) >= 3, checked
+
+
+# --------------------------------------------------------------------------- llama.cpp only
+
+#: Calls the llama.cpp-only client makes (half of them streamed).
+LLAMACPP_CALLS = 6
+
+
+@pytest.fixture(scope="module")
+def llamacpp_only(e2e_stack: Stack, servers: dict[str, str], prom: httpx.Client) -> dict[str, str]:
+    """A service that only calls a llama.cpp server (the simulator's llama.cpp shape:
+    ``timings.draft_n`` / ``draft_n_accepted``, no verify steps, so no acceptance-length
+    histogram), exported over OTLP/gRPC to the stack; its service, model and server."""
+    import uuid
+
+    import openai
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from spec_decode_otel import SpecDecodeInstrumentor
+
+    service = f"sdo-e2e-llamacpp-{uuid.uuid4().hex[:8]}"
+    model = f"tiny-{uuid.uuid4().hex[:6]}"
+    resource = Resource.create({"service.name": service})
+    meter_provider = MeterProvider(
+        metric_readers=[
+            PeriodicExportingMetricReader(
+                OTLPMetricExporter(endpoint=e2e_stack.otlp_endpoint("grpc"), insecure=True),
+                export_interval_millis=100,
+            )
+        ],
+        resource=resource,
+    )
+    tracer_provider = TracerProvider(resource=resource)
+    instrumentor = SpecDecodeInstrumentor()
+    instrumentor.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    messages = [{"role": "user", "content": "Only llama.cpp here."}]
+    try:
+        with openai.OpenAI(api_key="sk-e2e", base_url=servers["llamacpp"], max_retries=0) as client:
+            create: Callable[..., Any] = client.chat.completions.create
+            for _ in range(LLAMACPP_CALLS // 2):
+                create(model=model, messages=messages)
+                assert list(create(model=model, messages=messages, stream=True))
+    finally:
+        instrumentor.uninstrument()
+    assert meter_provider.force_flush(10_000)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if (
+            prom_scalar(prom, f'sum(spec_decode_requests_total{{job="{service}"}})')
+            == LLAMACPP_CALLS
+        ):
+            break
+        time.sleep(0.25)
+    meter_provider.shutdown()
+    tracer_provider.shutdown()
+    host = servers["llamacpp"].split("//", 1)[1].split(":", 1)[0]
+    return {"service": service, "model": model, "engine": "llamacpp", "server": host}
+
+
+def test_dashboard_shows_a_llamacpp_only_service(
+    llamacpp_only: dict[str, str], prom: httpx.Client
+) -> None:
+    """llama.cpp (b11312 ``timings``) reports drafted and accepted counts and no verify
+    steps, so its records have no spec_decode.acceptance_length. The dashboard's
+    variables must still list such a service, its model, engine and server (they were
+    read from spec_decode_acceptance_length_count, so a llama.cpp-only deployment had
+    empty drop-downs), and "Requests with acceptance data" must count its calls."""
+    dashboard = _dashboard()
+    chosen = {"service": llamacpp_only["service"], "model": ".*", "engine": ".*", "server": ".*"}
+    for var in dashboard["templating"]["list"]:
+        if var["name"] not in ("service", "model", "engine", "server"):
+            continue
+        query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+        m = re.fullmatch(r"label_values\((.+),\s*([A-Za-z_][A-Za-z0-9_]*)\)", query.strip())
+        assert m, query
+        values = prom_label_values(prom, m.group(2), _substitute(m.group(1), chosen))
+        assert llamacpp_only[var["name"]] in values, (var["name"], query, values)
+
+    variables = {**chosen, "dimension": "job", "__rate_interval": "5m", "__range": "10m"}
+    (stat,) = [
+        t["expr"] for p, t in _targets(dashboard) if p["title"] == "Requests with acceptance data"
+    ]
+    _close(
+        prom_scalar(prom, _substitute(_as_totals(stat), variables)),
+        LLAMACPP_CALLS,
+        "Requests with acceptance data (llama.cpp only)",
+    )

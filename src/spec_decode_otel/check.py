@@ -11,6 +11,11 @@ no request had stats, the command says what to switch on: for the engine whose f
 the plain call's body shows without stats (vLLM's per-request ``metrics``, llama.cpp's
 ``timings``), that engine's switch, else where each engine switches them on. Nothing is
 exported.
+
+``--timeout`` bounds the whole check, not each request: each request gets the time left,
+and the requests run on a thread the command stops waiting for at the deadline (httpx's
+timeout applies to each read, which a server that trickles bytes or SSE comments renews),
+so a request still unanswered then, and those not made, are reported as errors.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -74,8 +81,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-tokens", type=int, default=64, help="tokens per request (default 64)"
     )
     parser.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds per request (default 60)"
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds for the whole check, its three requests together (default 60)",
     )
+
+
+class _Lines:
+    """The probes' lines, printed by the thread making the requests until the command
+    stops waiting for it (``close``), then by the command."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[str] = []
+        self.body: Any = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def add(self, label: str, outcome: str, said: str, body: Any) -> bool:
+        """Print one probe's line; False once closed (the line is dropped)."""
+        with self._lock:
+            if self._closed:
+                return False
+            self.outcomes.append(outcome)
+            self.body = self.body if self.body is not None else body
+            print(f"  {label:<24}{outcome:<18}{said}".rstrip())
+            return True
+
+    def close(self, timeout: float) -> None:
+        """Stop taking lines, and print those of the probes without one as errors."""
+        with self._lock:
+            self._closed = True
+        for label, _ in PROBES[len(self.outcomes) :]:
+            self.outcomes.append(Outcome.ERROR.value)
+            said = f"no answer within --timeout ({timeout:g} s for the whole check)"
+            print(f"  {label:<24}{Outcome.ERROR.value:<18}{said}")
 
 
 class _Hints(logging.Handler):
@@ -127,31 +167,50 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:  # an unknown engine
         raise SystemExit(f"spec-decode-otel check: {exc}") from None
-    outcomes = []
-    body: Any = None
     print(f"{args.base_url}  model {args.model}")
-    for label, extra in PROBES:
-        problem, answer = _request(client, args, extra)
-        body = body if body is not None else answer
-        ended = spans.get_finished_spans()
-        spans.clear()
-        attributes = (ended[-1].attributes or {}) if ended else {}
-        outcome = str(attributes.get("spec_decode.outcome", "none"))
-        outcomes.append(outcome)
-        print(f"  {label:<24}{outcome:<18}{problem or _describe(attributes)}".rstrip())
-    client.close()
+    lines = _Lines()
+    deadline = time.monotonic() + args.timeout
+    prober = threading.Thread(
+        target=_probe,
+        args=(client, args, spans, lines, deadline),
+        name="spec-decode-otel-check",
+        daemon=True,  # past the deadline the command exits without it
+    )
+    prober.start()
+    prober.join(max(deadline - time.monotonic(), 0.0))
+    lines.close(args.timeout)
+    if not prober.is_alive():
+        client.close()
     logger.removeHandler(hints)
     for message in hints.messages:
         print(f"\nhint: {message}")
+    outcomes = lines.outcomes
     if all(outcome == Outcome.ERROR.value for outcome in outcomes):
         print("\nNo call succeeded: check the URL, the model and the key (--header for a gateway).")
         return 1
     if not WITH_RECORD.intersection(outcomes):
-        fix = _fix_for(body) or f"To get them, {TURN_STATS_ON}"
+        fix = _fix_for(lines.body) or f"To get them, {TURN_STATS_ON}"
         print(f"\nNo response carried spec-decode stats. {fix}", end="")
         print(" (README: Why is my dashboard empty?).")
         return 1
     return 0
+
+
+def _probe(
+    client: Any, args: argparse.Namespace, spans: Any, lines: _Lines, deadline: float
+) -> None:
+    """Make the requests in turn, each with the time left, each line printed as it ends."""
+    for label, extra in PROBES:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return  # the command reports what is left
+        problem, answer = _request(client, args, extra, left)
+        ended = spans.get_finished_spans()
+        spans.clear()
+        attributes = (ended[-1].attributes or {}) if ended else {}
+        outcome = str(attributes.get("spec_decode.outcome", "none"))
+        if not lines.add(label, outcome, problem or _describe(attributes), answer):
+            return
 
 
 def _header(text: str) -> tuple[str, str]:
@@ -162,24 +221,27 @@ def _header(text: str) -> tuple[str, str]:
 
 
 def _request(
-    client: Any, args: argparse.Namespace, extra: Mapping[str, Any]
+    client: Any, args: argparse.Namespace, extra: Mapping[str, Any], timeout: float
 ) -> tuple[str | None, Any]:
-    """Make one request and read it to its end: what went wrong, else None, and the
-    decoded body of a call that is not streamed (read raw, then parsed as an application
-    would, which ends its span), else None."""
+    """Make one request with ``timeout`` and read it to its end: what went wrong, else
+    None, and the decoded body of a call that is not streamed (read raw, then parsed as
+    an application would, which ends its span), else None."""
     import openai
 
     body = None
+    request = {
+        "model": args.model,
+        "messages": MESSAGES,
+        "max_tokens": args.max_tokens,
+        "timeout": timeout,
+        **extra,
+    }
     try:
         if extra.get("stream"):
-            for _ in client.chat.completions.create(
-                model=args.model, messages=MESSAGES, max_tokens=args.max_tokens, **extra
-            ):
+            for _ in client.chat.completions.create(**request):
                 pass
         else:
-            raw = client.chat.completions.with_raw_response.create(
-                model=args.model, messages=MESSAGES, max_tokens=args.max_tokens, **extra
-            )
+            raw = client.chat.completions.with_raw_response.create(**request)
             raw.parse()
             body = decode_json(raw.http_response.content)
     except openai.APIStatusError as exc:

@@ -10,8 +10,13 @@ server's answers are in tests/engines/test_llamacpp_server.py.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import socket
 import subprocess
+import threading
+import time
 
 import openai
 import pytest
@@ -150,3 +155,81 @@ def test_bad_flags_are_refused_in_one_line(simulator_url: str, flags: list[str],
     )
     assert done.returncode != 0
     assert says in done.stderr and "Traceback" not in done.stderr
+
+
+class HungServer:
+    """A loopback server that accepts every connection and never answers (a wedged
+    engine, a proxy waiting on a dead upstream), or with ``trickle`` answers 200 with an
+    event stream and then only an SSE comment every half second, forever (a gateway's
+    keep-alive pings before an upstream that never answers)."""
+
+    def __init__(self, trickle: bool = False) -> None:
+        self.trickle = trickle
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.held: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):  # the listener closed at the end
+            while True:
+                conn = self.listener.accept()[0]
+                self.held.append(conn)
+                if self.trickle:
+                    threading.Thread(target=self._ping, args=(conn,), daemon=True).start()
+
+    def _ping(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):  # the client went away
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n"
+            )
+            while not self.stop.wait(0.5):
+                conn.sendall(b"8\r\n: ping\n\n\r\n")
+
+    def __enter__(self) -> HungServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop.set()
+        self.listener.close()
+        self.thread.join(5)
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["silent", "trickle"])
+def test_check_against_a_hung_server_stops_at_its_timeout_in_all(trickle: bool) -> None:
+    """``--timeout`` bounds the whole check: against a server that accepts and never
+    answers, the command ends about ``--timeout`` seconds after its requests begin (its
+    first line), each line an error, exit 1. It made its three requests one after the
+    other with the whole timeout each (openai 3.63.0's per-request ``timeout``, which
+    httpx2, its transport, applies to connect and to each read), so it took three times as long; and
+    a server that sends a byte now and then (SSE keep-alive comments) renews httpx's read
+    timeout at every read, so no request timeout bounds it at all."""
+    timeout = 4.0
+    with HungServer(trickle) as server:
+        proc = subprocess.Popen(
+            [*COMMAND, server.url, "--model", "m", "--timeout", str(timeout)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith(server.url)  # the requests have begun
+        began = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - began
+    assert "Traceback" not in err, err
+    assert timeout - 0.5 < took < timeout + 1.5, (took, out)
+    for probe in PROBES:
+        found = re.search(rf"^  {re.escape(probe)}\s+error\s+\S", out, re.M)
+        assert found, out
+    assert "No call succeeded" in out
+    assert proc.returncode == 1

@@ -15,6 +15,7 @@ import json
 import math
 import re
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from e2e_stack import (
     CONFIG_DIR,
     Stack,
@@ -34,6 +36,7 @@ from e2e_stack import (
 )
 
 from conftest import PROTOCOLS, Reconciliation, Workload
+from simulator_process import SimulatorProcess
 
 try:  # the instrumentation's bound on per-position series
     from spec_decode_otel.telemetry import MAX_DRAFT_POSITIONS, OVERFLOW_VALUE
@@ -498,13 +501,12 @@ def test_token_weighted_acceptance_length_counts_only_requests_with_verify_steps
 LLAMACPP_CALLS = 6
 
 
-@pytest.fixture(scope="module")
-def llamacpp_only(e2e_stack: Stack, servers: dict[str, str], prom: httpx.Client) -> dict[str, str]:
-    """A service that only calls a llama.cpp server (the simulator's llama.cpp shape:
-    ``timings.draft_n`` / ``draft_n_accepted``, no verify steps, so no acceptance-length
-    histogram), exported over OTLP/gRPC to the stack; its service, model and server."""
-    import uuid
-
+def _instrumented_calls(
+    stack: Stack, prom: httpx.Client, base_url: str, service: str, model: str, calls: int
+) -> None:
+    """``calls`` chat completions (every other one streamed) to ``base_url`` from a client
+    instrumented with its own providers (service ``service``), exported over OTLP/gRPC to
+    the stack; returns once Prometheus has counted them all."""
     import openai
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     from opentelemetry.sdk.metrics import MeterProvider
@@ -514,13 +516,11 @@ def llamacpp_only(e2e_stack: Stack, servers: dict[str, str], prom: httpx.Client)
 
     from spec_decode_otel import SpecDecodeInstrumentor
 
-    service = f"sdo-e2e-llamacpp-{uuid.uuid4().hex[:8]}"
-    model = f"tiny-{uuid.uuid4().hex[:6]}"
     resource = Resource.create({"service.name": service})
     meter_provider = MeterProvider(
         metric_readers=[
             PeriodicExportingMetricReader(
-                OTLPMetricExporter(endpoint=e2e_stack.otlp_endpoint("grpc"), insecure=True),
+                OTLPMetricExporter(endpoint=stack.otlp_endpoint("grpc"), insecure=True),
                 export_interval_millis=100,
             )
         ],
@@ -529,26 +529,35 @@ def llamacpp_only(e2e_stack: Stack, servers: dict[str, str], prom: httpx.Client)
     tracer_provider = TracerProvider(resource=resource)
     instrumentor = SpecDecodeInstrumentor()
     instrumentor.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
-    messages = [{"role": "user", "content": "Only llama.cpp here."}]
+    messages = [{"role": "user", "content": "Count these calls."}]
+    usage = {"stream_options": {"include_usage": True}}
     try:
-        with openai.OpenAI(api_key="sk-e2e", base_url=servers["llamacpp"], max_retries=0) as client:
+        with openai.OpenAI(api_key="sk-e2e", base_url=base_url, max_retries=0) as client:
             create: Callable[..., Any] = client.chat.completions.create
-            for _ in range(LLAMACPP_CALLS // 2):
-                create(model=model, messages=messages)
-                assert list(create(model=model, messages=messages, stream=True))
+            for i in range(calls):
+                if i % 2:
+                    assert list(create(model=model, messages=messages, stream=True, **usage))
+                else:
+                    create(model=model, messages=messages)
     finally:
         instrumentor.uninstrument()
     assert meter_provider.force_flush(10_000)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if (
-            prom_scalar(prom, f'sum(spec_decode_requests_total{{job="{service}"}})')
-            == LLAMACPP_CALLS
-        ):
-            break
+    query = f'sum(spec_decode_requests_total{{job="{service}"}})'
+    while time.monotonic() < deadline and prom_scalar(prom, query) != calls:
         time.sleep(0.25)
     meter_provider.shutdown()
     tracer_provider.shutdown()
+
+
+@pytest.fixture(scope="module")
+def llamacpp_only(e2e_stack: Stack, servers: dict[str, str], prom: httpx.Client) -> dict[str, str]:
+    """A service that only calls a llama.cpp server (the simulator's llama.cpp shape:
+    ``timings.draft_n`` / ``draft_n_accepted``, no verify steps, so no acceptance-length
+    histogram); its service, model, engine and server."""
+    service = f"sdo-e2e-llamacpp-{uuid.uuid4().hex[:8]}"
+    model = f"tiny-{uuid.uuid4().hex[:6]}"
+    _instrumented_calls(e2e_stack, prom, servers["llamacpp"], service, model, LLAMACPP_CALLS)
     host = servers["llamacpp"].split("//", 1)[1].split(":", 1)[0]
     return {"service": service, "model": model, "engine": "llamacpp", "server": host}
 
@@ -581,3 +590,67 @@ def test_dashboard_shows_a_llamacpp_only_service(
         LLAMACPP_CALLS,
         "Requests with acceptance data (llama.cpp only)",
     )
+
+
+@pytest.fixture(scope="module")
+def nothing_accepted(e2e_stack: Stack, prom: httpx.Client) -> str:
+    """The service of a client whose vLLM server (the simulator, ``--alpha 0``) rejects
+    every draft: every request's mean acceptance length is exactly 1.0."""
+    server = SimulatorProcess(["--engine", "vllm", "--k", "3", "--alpha", "0"])
+    server.start()
+    service = f"sdo-e2e-rejected-{uuid.uuid4().hex[:8]}"
+    try:
+        _instrumented_calls(e2e_stack, prom, server.base_url, service, "rejected", 10)
+    finally:
+        server.stop()
+    return service
+
+
+def test_acceptance_length_quantiles_never_go_below_one(
+    nothing_accepted: str, prom: httpx.Client
+) -> None:
+    """A request's mean acceptance length is at least 1 (the bonus token), and 1.0 lands in
+    the lowest bucket, le="1.0" (telemetry.ACCEPTANCE_LENGTH_BUCKETS). histogram_quantile
+    interpolates that bucket from 0, so when every draft was rejected the dashboard's
+    p50/p90 read 0.5 and 0.9 on the real Prometheus; each quantile of the acceptance
+    length, on the dashboard and in the p50 recording rules, must read 1."""
+    service = nothing_accepted
+    job = f'job="{service}"'
+    _close(
+        prom_scalar(prom, f"sum(spec_decode_acceptance_length_sum{{{job}}})"),
+        10.0,
+        "ten requests at acceptance length 1",
+    )
+    variables = {
+        "service": service,
+        "model": ".*",
+        "engine": ".*",
+        "server": ".*",
+        "dimension": "job",
+        "__rate_interval": "1h",
+        "__range": "1h",
+    }
+    exprs = [
+        (f"{p['title']!r} {t['refId']}", _substitute(t["expr"], variables))
+        for p, t in _targets(_dashboard())
+        if "histogram_quantile" in t["expr"] and "spec_decode_acceptance_length_bucket" in t["expr"]
+    ]
+    rules = yaml.safe_load((CONFIG_DIR / "prometheus-rules.yml").read_text(encoding="utf-8"))
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "histogram_quantile" in rule.get("expr", "") and "acceptance_length" in rule["expr"]:
+                expr = (
+                    rule["expr"]
+                    .replace("[5m]", "[1h]")
+                    .replace(
+                        "spec_decode_acceptance_length_bucket[",
+                        f"spec_decode_acceptance_length_bucket{{{job}}}[",
+                    )
+                )
+                exprs.append((rule["record"], expr))
+    assert len(exprs) >= 5, exprs
+    for where, expr in exprs:
+        values = [float(r["value"][1]) for r in prom_query(prom, expr)]
+        assert values, f"{where}: no data: {expr}"
+        for value in values:
+            _close(value, 1.0, where)

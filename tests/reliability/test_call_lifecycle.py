@@ -30,7 +30,14 @@ import pytest
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import StatusCode
-from reliability_helpers import API_KEY, Otel, canary_messages, instrumented, uninstrumented
+from reliability_helpers import (
+    API_KEY,
+    Otel,
+    canary_messages,
+    instrumented,
+    internal_errors,
+    uninstrumented,
+)
 
 import spec_decode_otel
 from reclaimed import collect
@@ -349,6 +356,43 @@ def test_a_reclaimed_call_is_dated_when_it_was_reclaimed_not_when_it_was_ended(
         assert at <= span.end_time < at + 100_000_000  # within 0.1 s of it, not 0.5 s later
     durations = [p.max for p in otel.points("gen_ai.client.operation.duration")]
     assert durations and max(durations) < 0.4
+
+
+class Exiting(BaseException):
+    """Neither an ``Exception`` nor one of Python's own: what ``except Exception`` lets by."""
+
+
+@pytest.mark.parametrize("raised", [SystemExit, KeyboardInterrupt, GeneratorExit, Exiting])
+def test_a_span_processor_raising_a_base_exception_leaves_later_reclaimed_calls_ended(
+    raised: type[BaseException], otel: Otel, openai_client: openai.OpenAI
+) -> None:
+    """A span processor's ``on_end`` that raises what is not an ``Exception``
+    (``sys.exit()`` in a misbehaving exporter, ``KeyboardInterrupt`` or ``GeneratorExit``
+    re-raised from its own code) while the finalizer thread ends a reclaimed call: the
+    finalizer caught only ``Exception``, so the thread died (CPython's
+    ``threading.excepthook`` ends a thread quietly on ``SystemExit``), and every call
+    reclaimed after it kept its span open for ever. In a thread other than the main one
+    none of these stops the process (``sys.exit()`` ends only its thread, and signals are
+    delivered to the main thread): the finalizer reports it and goes on."""
+    raising = [True]
+
+    class RaisesOnce(SpanProcessor):
+        def on_end(self, span: ReadableSpan) -> None:
+            if raising.pop() if raising else False:
+                raise raised("a span processor's own")
+
+    otel.tracer_provider.add_span_processor(RaisesOnce())
+    with instrumented(otel), internal_errors() as reported:
+        for seed in (24, 25):
+            dropped = openai_client.chat.completions.create(**chat(seed))
+            next(dropped)
+            del dropped  # reclaimed now (no cycle): its end goes to the finalizer
+            collect()
+    assert raising == []
+    assert len(reported) == 1 and "internal error in finalizer" in reported[0], reported
+    assert raised.__name__ in reported[0]
+    assert otel.counter.open == 0 and len(otel.spans()) == 2
+    assert requests_by_outcome(otel) == {"not_read_to_end": 2}
 
 
 def test_concurrent_calls_on_one_client_each_record_their_own_response(

@@ -81,9 +81,18 @@ def defer(end: Callable[[], None]) -> None:
 
 
 def _run(pending: queue.SimpleQueue[Callable[[], None]]) -> None:
+    """End the queued calls, for as long as the process runs.
+
+    Whatever an end raises is reported and the thread goes on: ``BaseException`` too
+    (a span processor or exporter calling ``sys.exit()``, re-raising ``KeyboardInterrupt``
+    or ``GeneratorExit``), or the thread would die and every call reclaimed later keep
+    its span open. None of those can be a request to stop the process here: off the main
+    thread ``SystemExit`` ends only its thread, and signals reach the main thread only.
+    The interpreter's exit stops this daemon thread without raising in it.
+    """
     while True:
         end = pending.get()
         try:
             end()
-        except Exception:
+        except BaseException:  # see above: nothing here may stop the thread
             report_internal_error("finalizer")

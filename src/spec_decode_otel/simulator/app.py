@@ -98,6 +98,28 @@ def wants_meta_info(engine: str, req: OpenAIRequest) -> bool:
     return req.KIND == "chat"
 
 
+#: llama.cpp's ``n`` limit: its slot count (``--parallel``, 4 by default in b11312).
+LLAMACPP_SLOTS = 4
+
+
+def refuse_several(engine: str, req: OpenAIRequest, prompts: list[object]) -> None:
+    """What the ``timings`` engines refuse of ``n`` > 1 and several prompts.
+
+    llama.cpp b11312 runs each sequence as its own task (``n`` is an alias of
+    ``n_cmpl``, at most the slot count: ``server-schema.cpp``), for chat and completions,
+    several prompts included; above the slot count it answers its own 400. Its
+    Responses API answers ``n`` > 1 with a JSON array of responses, which no OpenAI
+    client reads, so that stays refused here. mlx-vlm is left refusing both."""
+    several = req.n != 1 or len(prompts) != 1
+    if engine == "llamacpp" and req.KIND != "responses":
+        if req.n > LLAMACPP_SLOTS:
+            raise SimulatorError.llamacpp_bad_request(
+                f"Field 'n': Value must be between 1 <= value <= {LLAMACPP_SLOTS}, but got {req.n}"
+            )
+    elif engine in TIMINGS_FAMILY and several:
+        raise SimulatorError.invalid("Only one completion choice is allowed")
+
+
 class Simulator:
     """Turns validated requests into plans; holds the request counter behind the seeds."""
 
@@ -123,8 +145,7 @@ class Simulator:
 
         sglang_meta = wants_meta_info(engine, req)
         prompts = req.prompts()
-        if engine in TIMINGS_FAMILY and (req.n != 1 or len(prompts) != 1):
-            raise SimulatorError.invalid("Only one completion choice is allowed")
+        refuse_several(engine, req, prompts)
         lengths = (cfg.min_length, cfg.max_length)
         choices = [
             plan_choice(
@@ -201,9 +222,10 @@ def sse_response(plan: RequestPlan, delay: float, gateway: str = "") -> Streamin
         events = (f"event: {e['type']}\ndata: {dumps(e)}\n\n" for e in plan.responses_events())
         body = _sse(events, plan.faults, delay)
     else:
-        sent = GATEWAYS[gateway][1](plan.chunks(), plan.kind) if gateway else plan.chunks()
-        chunks = (f"data: {dumps(c)}\n\n" for c in sent)
-        body = _sse(chunks, plan.faults, delay, last="data: [DONE]\n\n")
+        engine = plan.chunks()
+        sent = GATEWAYS[gateway][1](engine, plan.kind, plan.include_usage) if gateway else engine
+        frames = (f"data: {dumps(c)}\n\n" for c in sent)
+        body = _sse(frames, plan.faults, delay, last="data: [DONE]\n\n")
     return StreamingResponse(
         body, media_type="text/event-stream", headers={"cache-control": "no-cache"}
     )

@@ -19,16 +19,19 @@ as observed from the real proxy in front of this simulator
   them, nulls included), plus ``system_fingerprint: null`` when the engine sent none
   (SGLang); ``usage`` gains ``completion_tokens_details`` and ``prompt_tokens_details``
   as null when the engine sent none and loses SGLang's ``reasoning_tokens``, and
-  engine-sent details (the smg pair) gain every other field of LiteLLM's model as null;
+  engine-sent details (the smg pair; llama.cpp's ``prompt_tokens_details``) gain every
+  other field of LiteLLM's models as null;
 - a stream (chat or text completion, one sequence): every chunk is rebuilt. Root fields
   other than ``usage`` are dropped (vLLM's ``metrics`` and null fields, llama.cpp's and
-  mlx-vlm's ``timings``) but a chat stream's ``system_fingerprint`` (below); ``usage``
-  stays on the chunk without choices only (vLLM's ``continuous_usage_stats`` go); a
+  mlx-vlm's ``timings``) but a chat chunk's own ``system_fingerprint`` (llama.cpp sends
+  one on every chunk; see also below); ``usage`` stays on the chunk without choices
+  only (vLLM's ``continuous_usage_stats`` go; llama.cpp's completions finish chunk's
+  comes back as a chunk of its own at the end, with ``include_usage`` only); a
   chunk left with neither choices nor usage is not sent (SGLang's ``sglext`` chunk; the
   real proxy sends it as an empty ``{"choices": []}`` on a chat stream that asked for
   usage: nothing an adapter reads, so not imitated),
   ``finish_reason`` and ``logprobs`` are sent only when not null, a null
-  ``reasoning_content`` leaves the delta, and a choice keeps its non-null
+  ``reasoning_content`` or ``content`` leaves the delta, and a choice keeps its non-null
   non-standard fields only on a chat chunk before the finish chunk (TensorRT-LLM's
   running ``avg_decoded_tokens_per_iter``; SGLang's null ``matched_stop`` goes), and
   vLLM's ``token_ids`` there even null: the finish chunk's stats are dropped, and it
@@ -77,6 +80,18 @@ _MESSAGE_FIELDS = frozenset(
     {"tool_calls", "function_call", "audio", "reasoning_content", "annotations"}
 )
 _MESSAGE_KEPT_FIELDS = frozenset({"role", "content", "refusal"})
+#: Every field of LiteLLM's ``PromptTokensDetails``, null unless the engine sent it (a
+#: text completion body's engine-sent details, llama.cpp's ``cached_tokens``).
+_PROMPT_TOKENS_DETAILS = dict.fromkeys(
+    (
+        "audio_tokens",
+        "cached_tokens",
+        "image_tokens",
+        "text_tokens",
+        "video_tokens",
+        "initial_prompt_tokens",
+    )
+)
 #: Every field of LiteLLM's ``CompletionTokensDetails``, null unless the engine sent it.
 _COMPLETION_TOKENS_DETAILS = dict.fromkeys(
     (
@@ -103,6 +118,9 @@ def litellm_proxy_body(body: JSON, kind: str) -> JSON:
         details = usage["completion_tokens_details"]
         if isinstance(details, dict):
             usage["completion_tokens_details"] = {**_COMPLETION_TOKENS_DETAILS, **details}
+        prompt_details = usage["prompt_tokens_details"]
+        if isinstance(prompt_details, dict):
+            usage["prompt_tokens_details"] = {**_PROMPT_TOKENS_DETAILS, **prompt_details}
         return {**body, "usage": usage}
     choices = []
     for choice in body.get("choices") or ():
@@ -143,14 +161,25 @@ def _without_null_reasoning(part: object) -> object:
     return part
 
 
-def litellm_proxy_chunks(chunks: Iterable[JSON], kind: str) -> Iterator[JSON]:
+def litellm_proxy_chunks(
+    chunks: Iterable[JSON], kind: str, include_usage: bool = False
+) -> Iterator[JSON]:
     """A chat or text completion stream as LiteLLM's proxy rebuilds it (one sequence:
-    the real proxy sends several sequences' finish chunks in an order of its own)."""
+    the real proxy sends several sequences' finish chunks in an order of its own).
+
+    ``usage`` on a chunk with choices (llama.cpp's completions finish chunk) leaves that
+    chunk; when the request asked for usage and the engine sent no chunk without
+    choices to carry it, the proxy ends the stream with one of its own holding the last
+    such usage (without ``include_usage`` it sends none)."""
     chunks = list(chunks)
     fingerprint = next(
         (c["system_fingerprint"] for c in chunks if c.get("system_fingerprint")), None
     )
+    usage_sent = False
+    last_usage: JSON | None = None
     for chunk in chunks:
+        if chunk.get("choices") and isinstance(chunk.get("usage"), dict):
+            last_usage = chunk["usage"]
         raw_choices = chunk.get("choices") or ()
         if any(_text(c, kind) and c.get("finish_reason") for c in raw_choices):
             # the text and the finish come as two chunks
@@ -164,12 +193,16 @@ def litellm_proxy_chunks(chunks: Iterable[JSON], kind: str) -> Iterator[JSON]:
         usage = chunk.get("usage") if not choices else None
         if not choices and not usage:
             continue
-        # the usage chunk of a chat stream keeps its fingerprint; no other chunk does
-        kept = chunk.get("system_fingerprint") if kind == "chat" and not choices else None
+        # a chat chunk keeps its own fingerprint (vLLM: the usage chunk's; llama.cpp:
+        # every chunk's); a text completion chunk never does
+        kept = chunk.get("system_fingerprint") if kind == "chat" else None
         out = _chunk(chunk, choices, kept)
         if usage:
             out["usage"] = _stream_usage(usage)
+            usage_sent = True
         yield out
+    if include_usage and not usage_sent and last_usage is not None and chunks:
+        yield {**_chunk(chunks[-1], []), "usage": _stream_usage(last_usage)}
 
 
 def _chunk(chunk: JSON, choices: list[JSON], fingerprint: object = None) -> JSON:
@@ -197,7 +230,9 @@ def _stream_choice(choice: JSON, kind: str, finished: bool) -> JSON:
     finish = choice.get("finish_reason")
     if kind == "chat":
         delta = _without_null_reasoning(choice.get("delta") or {})
-        if finish is not None and isinstance(delta, dict) and delta.get("content") == "":
+        if isinstance(delta, dict) and (
+            delta.get("content", "") is None or (finish is not None and delta.get("content") == "")
+        ):  # a null content (llama.cpp's role chunk) goes, as does a finish's empty one
             delta = {k: v for k, v in delta.items() if k != "content"}
         out["delta"] = delta
         if finish is None:  # the chunks before the finish chunk keep the engine's extras
@@ -235,5 +270,6 @@ def _stream_usage(usage: JSON) -> JSON:
 
 #: name -> (non-streamed body, stream) transforms, each given the request kind.
 GATEWAYS: dict[
-    str, tuple[Callable[[JSON, str], JSON], Callable[[Iterable[JSON], str], Iterator[JSON]]]
+    str,
+    tuple[Callable[[JSON, str], JSON], Callable[[Iterable[JSON], str, bool], Iterator[JSON]]],
 ] = {LITELLM_PROXY: (litellm_proxy_body, litellm_proxy_chunks)}

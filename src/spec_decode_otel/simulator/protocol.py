@@ -130,6 +130,14 @@ class SimulatorError(Exception):
             },
         )
 
+    @classmethod
+    def llamacpp_bad_request(cls, message: str) -> SimulatorError:
+        """llama.cpp b11312's 400 (``format_error_response`` in ``server-common.cpp``):
+        an integer ``code``, and no ``param``."""
+        return cls(
+            400, {"error": {"code": 400, "message": message, "type": "invalid_request_error"}}
+        )
+
 
 #: SGLang 0.5.23 refuses a streamed chat request that asks for ``return_meta_info``
 #: (``OpenAIServingChat._convert_to_internal_request`` in ``serving_chat.py``): per-choice

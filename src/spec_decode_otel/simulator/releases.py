@@ -207,3 +207,118 @@ def sglang_chunks(plan: RequestPlan) -> Iterator[JSON]:
         if not chat:
             usage = {k: v for k, v in usage.items() if v is not None}
         yield plan.chunk(usage=usage)
+
+
+# --- llama.cpp b11312 (the tree vendored in llama-cpp-python 0.3.36) -------------------
+
+#: llama.cpp's ``system_fingerprint``: its ``llama_build_info()``, build number and commit.
+LLAMACPP_SYSTEM_FINGERPRINT = "b11312-0c1e57098"
+
+
+def _llamacpp_usage(plan: RequestPlan, c: ChoicePlan) -> JSON:
+    """``usage_json_oaicompat()`` (``server-task.cpp``): one sequence's own counts."""
+    prompt = plan.prompt_tokens_of(c)
+    return {
+        "completion_tokens": c.completion_tokens,
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + c.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+
+
+def llamacpp_response(plan: RequestPlan) -> JSON:
+    """llama.cpp b11312's body (``server_task_result_cmpl_final::to_json_oaicompat`` and
+    ``to_json_oaicompat_chat`` in ``tools/server/server-task.cpp``).
+
+    Every sequence is its own task (``n`` is an alias of ``n_cmpl``, accepted up to the
+    server's slot count, ``server-schema.cpp``; several prompts give prompts x n tasks).
+    With more than one, ``handle_completions_impl`` (``server-context.cpp``) keeps the
+    first task's whole body, results ordered by index, and appends the others' choices to
+    it: root ``usage`` and ``timings`` are the FIRST sequence's, not the request's.
+    """
+    chat = plan.kind == "chat"
+    choices: list[JSON] = []
+    for c in plan.choices:
+        if chat:
+            message = {"role": "assistant", "content": c.text}
+            choices.append({"finish_reason": c.finish_reason, "index": c.index, "message": message})
+        else:
+            choices.append(
+                {
+                    "text": c.text,
+                    "index": c.index,
+                    "logprobs": None,
+                    "finish_reason": c.finish_reason,
+                }
+            )
+    first = plan.choices[0]
+    return {
+        "choices": choices,
+        "created": plan.created,
+        "model": plan.model,
+        "system_fingerprint": LLAMACPP_SYSTEM_FINGERPRINT,
+        "object": "chat.completion" if chat else "text_completion",
+        "usage": _llamacpp_usage(plan, first),
+        "id": plan.request_id,
+        "timings": plan.llamacpp_timings(first),
+    }
+
+
+def _llamacpp_chunk(plan: RequestPlan, *choices: JSON, **root: object) -> JSON:
+    """Every chunk names the build (``system_fingerprint``)."""
+    return plan.chunk(*choices, system_fingerprint=LLAMACPP_SYSTEM_FINGERPRINT, **root)
+
+
+def _llamacpp_choice(
+    plan: RequestPlan, c: ChoicePlan, text: str | None, finish: str | None
+) -> JSON:
+    if plan.kind == "chat":
+        delta: JSON = {} if text is None else {"content": text}
+        return {"finish_reason": finish, "index": c.index, "delta": delta}
+    return {"text": text or "", "index": c.index, "logprobs": None, "finish_reason": finish}
+
+
+def _llamacpp_final(plan: RequestPlan, c: ChoicePlan) -> Iterator[JSON]:
+    """One sequence's last chunks: its own ``usage`` and ``timings``.
+
+    Chat (``to_json_oaicompat_chat_stream``): the finish chunk (empty delta), then with
+    ``include_usage`` a ``choices: []`` chunk with the usage; ``timings`` rides whichever
+    comes last. Completions (``to_json_oaicompat`` with ``stream``): ONE finish chunk
+    (empty text) that carries ``usage`` and ``timings`` whatever ``stream_options`` says,
+    and no ``choices: []`` chunk at all."""
+    finish = _llamacpp_chunk(plan, _llamacpp_choice(plan, c, None, c.finish_reason))
+    if plan.kind == "chat" and plan.include_usage:
+        yield finish
+        last = _llamacpp_chunk(plan, usage=_llamacpp_usage(plan, c))
+    elif plan.kind == "chat":
+        last = finish
+    else:
+        last = {**finish, "usage": _llamacpp_usage(plan, c)}
+    last["timings"] = plan.llamacpp_timings(c)
+    yield last
+
+
+def llamacpp_chunks(plan: RequestPlan) -> Iterator[JSON]:
+    """llama.cpp b11312's stream: each sequence's task streams on its own, interleaved
+    with the others (``server_task_result_cmpl_partial``, ``..._final``), and ends with
+    its own final chunks (``_llamacpp_final``), so with ``n`` > 1 the stream holds
+    ``n`` finish chunks with ``timings`` (and, with ``include_usage``, ``n`` usage
+    chunks). A chat sequence starts with a role chunk whose ``content`` is null."""
+    chat = plan.kind == "chat"
+    if chat:
+        for c in plan.choices:
+            role = {
+                "finish_reason": None,
+                "index": c.index,
+                "delta": {"role": "assistant", "content": None},
+            }
+            yield _llamacpp_chunk(plan, role)
+    longest = max(len(c.pieces) for c in plan.choices)
+    for step in range(longest):
+        for c in plan.choices:
+            if step >= len(c.pieces):
+                continue
+            if c.pieces[step]:
+                yield _llamacpp_chunk(plan, _llamacpp_choice(plan, c, c.pieces[step], None))
+            if step == len(c.pieces) - 1:
+                yield from _llamacpp_final(plan, c)

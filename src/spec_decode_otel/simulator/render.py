@@ -5,7 +5,8 @@ sequences in ``plan.py``, the engine shape, the faults). Its methods cut every e
 payload from those sequences (``shapes.py``), corrupt it as the faults say (``faults.py``)
 and place it where that engine puts it: chat and legacy completions as a body or chunks,
 the Responses API as a ``Response`` or its events. Engines matched to a release field for
-field (vLLM 0.34.0, SGLang 0.5.23) are rendered by ``releases.py``.
+field (vLLM 0.34.0, SGLang 0.5.23, llama.cpp b11312's chat and completions) are
+rendered by ``releases.py``.
 """
 
 from __future__ import annotations
@@ -141,9 +142,17 @@ class RequestPlan:
             return None
         return {"spec_tokens_details": details if len(self.choices) > 1 else details[0]}
 
-    def llamacpp_timings(self) -> JSON:
+    def prompt_tokens_of(self, choice: ChoicePlan) -> int:
+        """The prompt tokens of the prompt ``choice`` answers (each prompt gets ``n``)."""
+        counts = self.prompt_counts or (self.prompt_tokens,)
+        return counts[choice.index // max(len(self.choices) // len(counts), 1)]
+
+    def llamacpp_timings(self, choice: ChoicePlan | None = None) -> JSON:
+        """Root ``timings`` of one sequence (default: the first): llama.cpp counts each
+        sequence in its own slot and task (``server_slot_stats``)."""
+        c = self.choices[0] if choice is None else choice
         timings = shapes.llamacpp_timings(
-            self.choices[0].generation, self.prompt_tokens, mlx_vlm=self.engine == "mlx-vlm"
+            c.generation, self.prompt_tokens_of(c), mlx_vlm=self.engine == "mlx-vlm"
         )
         F.corrupt_llamacpp(timings, self.faults)
         return timings
@@ -199,6 +208,8 @@ class RequestPlan:
         """The non-streamed body."""
         if self.vllm:
             return releases.vllm_response(self)
+        if self.engine == "llamacpp":
+            return releases.llamacpp_response(self)
         choices = []
         for c in self.choices:
             steps = c.generation.num_spec_steps
@@ -259,6 +270,9 @@ class RequestPlan:
         if self.vllm:
             yield from releases.vllm_chunks(self)
             return
+        if self.engine == "llamacpp":
+            yield from releases.llamacpp_chunks(self)
+            return
         if self.kind == "chat":
             for c in self.choices:
                 yield self.chunk(self.delta(c, 0, {"role": "assistant", "content": ""}))
@@ -271,8 +285,6 @@ class RequestPlan:
         for c in self.choices:
             last = self.delta(c, c.generation.num_spec_steps, {}, c.finish_reason)
             chunk = self.chunk({**last, **self.choice_stats(c)})
-            if self.engine == "llamacpp" and not self.include_usage and c is self.choices[-1]:
-                chunk["timings"] = self.llamacpp_timings()
             yield chunk
 
         ext = self.sglext()
@@ -281,8 +293,7 @@ class RequestPlan:
 
         if self.include_usage:
             chunk = self.chunk(usage=self.usage())
-            if self.engine in TIMINGS_FAMILY:
-                # (mlx-vlm sends its draft counters on this chunk only)
+            if self.engine == "mlx-vlm":  # its draft counters ride this chunk only
                 chunk["timings"] = self.llamacpp_timings()
             yield chunk
 

@@ -1,0 +1,219 @@
+"""The simulated llama.cpp answers as llama.cpp's server b11312 does where a client or an
+adapter can tell.
+
+Read from that build's source (the tree vendored in the ``llama-cpp-python`` 0.3.36 sdist,
+the one ``scripts/install-llama-server.sh`` builds) and checked against the built
+``llama-server`` answering tests/engines/tiny_models.py's models:
+
+- ``tools/server/server-schema.cpp``: ``n`` is an alias of ``n_cmpl``, allowed from 1 to
+  the slot count (``--parallel``, 4 by default); above it the server answers HTTP 400,
+  ``{"error": {"code": 400, "message": "Field 'n': ...", "type":
+  "invalid_request_error"}}`` (``format_error_response``, ``server-common.cpp``: no
+  ``param``). Several prompts give prompts x ``n`` sequences, each its own task.
+- ``tools/server/server-context.cpp`` ``handle_completions_impl``: a non-streamed answer
+  with several tasks is the FIRST task's body (results ordered by index) with the other
+  tasks' choices appended: its ``usage`` and ``timings`` are the first sequence's own.
+  A stream relays each task's chunks as they come: every sequence ends with its own
+  final chunks.
+- ``tools/server/server-task.cpp``: ``to_json_oaicompat_chat_stream`` ends a sequence
+  with its finish chunk (empty delta), then with ``include_usage`` a ``choices: []``
+  chunk with the usage, and puts ``timings`` on whichever is last;
+  ``to_json_oaicompat`` (completions) ends it with ONE chunk carrying the finish
+  reason, ``usage`` and ``timings``, whatever ``stream_options`` says, and sends no
+  ``choices: []`` chunk. A chat sequence starts with a role chunk whose ``content`` is
+  null. Every chunk has ``system_fingerprint``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+from spec_decode_otel import record_from_json  # noqa: E402
+from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer  # noqa: E402
+
+PATHS = ["/chat/completions", "/completions"]
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimulatorServer]:
+    with SimulatorServer(SimulatorConfig(engine="llamacpp", k=4, seed=11)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def http(sim: SimulatorServer) -> Iterator[Any]:
+    with httpx.Client(base_url=sim.base_url, timeout=30.0) as client:
+        yield client
+
+
+def body_for(path: str, **body: Any) -> dict[str, Any]:
+    body.setdefault("model", "spec-sim")
+    body.setdefault("max_tokens", 40)
+    if path == "/chat/completions":
+        body.setdefault("messages", [{"role": "user", "content": "llama wire"}])
+    else:
+        body.setdefault("prompt", "llama wire")
+    return body
+
+
+def post(http: Any, path: str, seed: int = 3, **body: Any) -> Any:
+    return http.post(path, json=body_for(path, **body), headers={"x-sim-seed": str(seed)})
+
+
+def sse_chunks(text: str) -> list[dict[str, Any]]:
+    lines = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def stream(http: Any, path: str, include_usage: bool, **body: Any) -> list[dict[str, Any]]:
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    response = post(http, path, stream=True, **body)
+    assert response.status_code == 200
+    return sse_chunks(response.text)
+
+
+@pytest.mark.parametrize(
+    ("path", "extra"),
+    [
+        ("/chat/completions", {"n": 2}),
+        ("/completions", {"n": 2}),
+        ("/completions", {"prompt": ["one", "two more"]}),
+    ],
+)
+def test_several_sequences_are_answered_with_the_first_ones_usage_and_timings(
+    http: Any, path: str, extra: dict[str, Any]
+) -> None:
+    """``n`` = 2 (or two prompts) is answered, not refused; the body's root ``usage`` and
+    ``timings`` are choice 0's own counts, as its stream shows them."""
+    response = post(http, path, **extra)
+    assert response.status_code == 200
+    body = response.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    chunks = stream(http, path, include_usage=True, **extra)
+    ends = {
+        c["choices"][0]["index"]: chunks[i + 1] if path == "/chat/completions" else c
+        for i, c in enumerate(chunks)
+        if c["choices"] and c["choices"][0]["finish_reason"]
+    }
+    assert body["usage"] == ends[0]["usage"] and body["timings"] == ends[0]["timings"]
+    assert body["timings"]["predicted_n"] == body["usage"]["completion_tokens"]
+    assert ends[1]["timings"] != ends[0]["timings"]  # the second sequence's own counts
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_every_sequence_of_a_stream_ends_with_its_own_timings(
+    http: Any, path: str, include_usage: bool
+) -> None:
+    """With ``n`` = 2 the stream holds two ``timings``, one per sequence, each on that
+    sequence's last chunk: chat: its finish chunk, or its own ``choices: []`` usage chunk
+    with ``include_usage``; completions: its finish chunk, which carries ``usage`` too."""
+    chunks = stream(http, path, include_usage, n=2)
+    carriers = [c for c in chunks if "timings" in c]
+    assert len(carriers) == 2
+    ends = []
+    for i, chunk in enumerate(chunks):
+        if chunk["choices"] and chunk["choices"][0]["finish_reason"]:
+            index = chunk["choices"][0]["index"]
+            last = chunks[i + 1] if path == "/chat/completions" and include_usage else chunk
+            ends.append(index)
+            assert "timings" in last and last["timings"]["predicted_n"] > 0
+            if path == "/completions" or include_usage:
+                assert last["usage"]["completion_tokens"] == last["timings"]["predicted_n"]
+            else:
+                assert "usage" not in last
+    assert sorted(ends) == [0, 1]
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_a_completions_stream_ends_with_one_finish_chunk_carrying_usage_and_timings(
+    http: Any, include_usage: bool
+) -> None:
+    """No ``choices: []`` chunk in a completions stream, with or without
+    ``include_usage``: the finish chunk has ``usage`` and ``timings``, so a client gets
+    ``completion_tokens`` without asking for usage, and the record has it."""
+    chunks = stream(http, "/completions", include_usage)
+    assert all(c["choices"] for c in chunks)
+    last = chunks[-1]
+    assert last["choices"][0]["finish_reason"] == "length"
+    assert last["choices"][0]["text"] == ""
+    assert last["usage"]["completion_tokens"] == 40 == last["timings"]["predicted_n"]
+    assert all("usage" not in c and "timings" not in c for c in chunks[:-1])
+    record = record_from_json(chunks, body_for("/completions", stream=True))
+    assert record is not None and record.engine == "llamacpp"
+    assert record.completion_tokens == 40
+    assert record.num_draft_tokens == last["timings"]["draft_n"]
+
+
+def test_a_chat_stream_starts_with_a_null_content_role_chunk(http: Any) -> None:
+    chunks = stream(http, "/chat/completions", include_usage=False)
+    assert chunks[0]["choices"] == [
+        {"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}
+    ]
+    assert all(c["system_fingerprint"] == "b11312-0c1e57098" for c in chunks)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_n_above_the_slot_count_is_llamacpps_own_bad_request(http: Any, path: str) -> None:
+    response = post(http, path, n=5)
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {
+            "code": 400,
+            "message": "Field 'n': Value must be between 1 <= value <= 4, but got 5",
+            "type": "invalid_request_error",
+        }
+    }
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("streaming", [False, True])
+def test_an_instrumented_call_for_two_sequences_is_multi_sequence(
+    sim: SimulatorServer, path: str, streaming: bool
+) -> None:
+    """The instrumented SDK, against llama.cpp's answer to ``n`` = 2 (one root
+    ``timings`` for two choices; a stream with two): no record, outcome
+    ``multi_sequence``, never the first sequence's counts as the request's."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from spec_decode_otel import SpecDecodeInstrumentor
+
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    instrumentor = SpecDecodeInstrumentor()
+    instrumentor.uninstrument()
+    instrumentor.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    try:
+        client = openai.OpenAI(base_url=sim.base_url, api_key="sk-test", max_retries=0)
+        kwargs = {k: v for k, v in body_for(path, n=2).items()}
+        if streaming:
+            kwargs.update(stream=True, stream_options={"include_usage": True})
+        create = client.chat.completions.create if "chat" in path else client.completions.create
+        result = create(**kwargs)
+        if streaming:
+            assert sum(1 for _ in result) > 2
+        client.close()
+    finally:
+        instrumentor.uninstrument()
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes is not None
+    assert span.attributes["spec_decode.outcome"] == "multi_sequence"
+    assert "spec_decode.num_draft_tokens" not in span.attributes
+    tracer_provider.shutdown()
+    meter_provider.shutdown()

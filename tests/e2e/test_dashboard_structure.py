@@ -35,6 +35,7 @@ COMPONENT_TYPES = {
     "otlpreceiver": "otlp",
     "memorylimiterprocessor": "memory_limiter",
     "batchprocessor": "batch",
+    "deltatocumulativeprocessor": "deltatocumulative",
     "debugexporter": "debug",
     "otlpexporter": "otlp_grpc",
     "otlphttpexporter": "otlp_http",

@@ -502,28 +502,45 @@ LLAMACPP_CALLS = 6
 
 
 def _instrumented_calls(
-    stack: Stack, prom: httpx.Client, base_url: str, service: str, model: str, calls: int
+    stack: Stack,
+    prom: httpx.Client,
+    base_url: str,
+    service: str,
+    model: str,
+    calls: int,
+    *,
+    delta: bool = False,
+    pause: float = 0.0,
 ) -> None:
     """``calls`` chat completions (every other one streamed) to ``base_url`` from a client
     instrumented with its own providers (service ``service``), exported over OTLP/gRPC to
-    the stack; returns once Prometheus has counted them all."""
+    the stack; returns once Prometheus has counted them all. ``delta``: the exporter
+    prefers delta temporality, as OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta
+    makes it; ``pause``: seconds between calls."""
     import openai
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider, ObservableCounter
+    from opentelemetry.sdk.metrics.export import (
+        AggregationTemporality,
+        PeriodicExportingMetricReader,
+    )
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
 
     from spec_decode_otel import SpecDecodeInstrumentor
 
     resource = Resource.create({"service.name": service})
+    # What the SDK's exporter picks for OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta.
+    temporality = (
+        dict.fromkeys((Counter, Histogram, ObservableCounter), AggregationTemporality.DELTA)
+        if delta
+        else None
+    )
+    exporter = OTLPMetricExporter(
+        endpoint=stack.otlp_endpoint("grpc"), insecure=True, preferred_temporality=temporality
+    )
     meter_provider = MeterProvider(
-        metric_readers=[
-            PeriodicExportingMetricReader(
-                OTLPMetricExporter(endpoint=stack.otlp_endpoint("grpc"), insecure=True),
-                export_interval_millis=100,
-            )
-        ],
+        metric_readers=[PeriodicExportingMetricReader(exporter, export_interval_millis=100)],
         resource=resource,
     )
     tracer_provider = TracerProvider(resource=resource)
@@ -539,6 +556,7 @@ def _instrumented_calls(
                     assert list(create(model=model, messages=messages, stream=True, **usage))
                 else:
                     create(model=model, messages=messages)
+                time.sleep(pause)
     finally:
         instrumentor.uninstrument()
     assert meter_provider.force_flush(10_000)
@@ -654,3 +672,45 @@ def test_acceptance_length_quantiles_never_go_below_one(
         assert values, f"{where}: no data: {expr}"
         for value in values:
             _close(value, 1.0, where)
+
+
+#: Calls of the delta-temporality client, each followed by a pause of several export intervals.
+DELTA_CALLS = 8
+
+
+def test_delta_temporality_reaches_prometheus_as_totals(
+    e2e_stack: Stack, servers: dict[str, str], prom: httpx.Client
+) -> None:
+    """OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta (a common setting for
+    other backends): the SDK (1.45) sends a synchronous histogram point only for an
+    interval with a measurement, starting where the previous collection ended, so a
+    series idle for an interval arrives with a gap. The collector's prometheus exporter
+    (contrib 0.165.1) then logs "Misaligned starting timestamps" and keeps the last delta
+    instead of the sum, so Prometheus's histogram counts fell back to the last interval's.
+    Through the shipped collector config, every count must arrive."""
+    service = f"sdo-e2e-delta-{uuid.uuid4().hex[:8]}"
+    _instrumented_calls(
+        e2e_stack, prom, servers["vllm"], service, "m", DELTA_CALLS, delta=True, pause=0.35
+    )
+    job = f'job="{service}"'
+    _close(
+        prom_scalar(
+            prom, f'sum(spec_decode_requests_total{{{job}, spec_decode_outcome="recorded"}})'
+        ),
+        DELTA_CALLS,
+        "requests (observable counter, delta)",
+    )
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        count = prom_scalar(prom, f"sum(spec_decode_acceptance_length_count{{{job}}})")
+        if count == DELTA_CALLS:
+            break
+        time.sleep(0.25)
+    for metric in (
+        "spec_decode_acceptance_length_count",
+        'spec_decode_acceptance_length_bucket{le="+Inf"}',
+        "spec_decode_draft_acceptance_rate_count",
+    ):
+        name, _, extra = metric.partition("{")
+        matchers = f"{job}, {extra.rstrip('}')}" if extra else job
+        _close(prom_scalar(prom, f"sum({name}{{{matchers}}})"), DELTA_CALLS, f"{metric} (delta)")

@@ -338,3 +338,34 @@ def test_env_references_have_defaults(path: Path) -> None:
     assert refs, path.name
     for ref in refs:
         assert re.fullmatch(r"[A-Z][A-Z0-9_]*:-[^}]+", ref), (path.name, ref)
+
+
+def _seconds(duration: str) -> float:
+    m = re.fullmatch(r"(\d+)(ms|s|m|h)", duration)
+    assert m, duration
+    return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def test_rate_windows_span_two_sdk_exports(
+    datasources: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The collector serves a series' value as of the application's last export, so it
+    changes once per OTEL_METRIC_EXPORT_INTERVAL (the SDK's default: 60 s), however often
+    Prometheus scrapes. Grafana's $__rate_interval is at least 4 x the datasource's
+    timeInterval; at 4 x 5 s, a rate() window held no export two times out of three,
+    and on the real Prometheus (2.42) the rate panels fell to 0 and the ratio panels to
+    NaN between exports. The provisioned datasource's timeInterval must make every
+    $__rate_interval window span two default exports."""
+    from opentelemetry.sdk.metrics.export import (
+        ConsoleMetricExporter,
+        PeriodicExportingMetricReader,
+    )
+
+    monkeypatch.delenv("OTEL_METRIC_EXPORT_INTERVAL", raising=False)
+    reader = PeriodicExportingMetricReader(ConsoleMetricExporter())
+    try:
+        export_s = reader._export_interval_millis / 1000
+    finally:
+        reader.shutdown()
+    (prometheus,) = [ds for ds in datasources.values() if ds["type"] == "prometheus"]
+    assert 4 * _seconds(prometheus["jsonData"]["timeInterval"]) >= 2 * export_s

@@ -369,3 +369,29 @@ def test_rate_windows_span_two_sdk_exports(
         reader.shutdown()
     (prometheus,) = [ds for ds in datasources.values() if ds["type"] == "prometheus"]
     assert 4 * _seconds(prometheus["jsonData"]["timeInterval"]) >= 2 * export_s
+
+
+def test_position_panels_number_draft_positions_from_zero(dashboard: dict[str, Any]) -> None:
+    """spec_decode_position is 0-based: a step that accepted one draft counts at position 0
+    (SpecDecodeAcceptanceRecord.accepted_at_position). A panel that says which p is the
+    first drafted token must say p = 0 (one said p = 1)."""
+    from spec_decode_otel.record import SpecDecodeAcceptanceRecord
+
+    record = SpecDecodeAcceptanceRecord(
+        engine="vllm",
+        mean_acceptance_length=2.0,
+        draft_acceptance_rate=1.0,
+        acceptance_histogram={1: 5},
+        num_accepted_draft_tokens=5,
+        num_draft_tokens=5,
+        num_spec_steps=5,
+        num_spec_tokens=1,
+    )
+    first = record.accepted_at_position().index(5)
+    said = []
+    for p in _all_panels(dashboard):
+        text = p.get("description", "")
+        for m in re.finditer(r"p\s*=\s*(\d+) is the first drafted token", text):
+            said.append((p["title"], int(m.group(1))))
+    assert said, "no panel says which position is the first drafted token"
+    assert all(p == first for _, p in said), (first, said)

@@ -24,6 +24,10 @@ Read from the released wheel's own source (``vllm==0.34.0``):
 - Streams (``chat_completion_stream_generator_raw``, ``completion_stream_generator``,
   ``exclude_unset``): a chunk has exactly the fields its constructor was given, null or
   not; one chunk per engine step; a sequence's last text rides its finish chunk.
+- ``metrics``' timing fields come only with ``--enable-per-request-metrics`` (default
+  off, ``common/cli_args.py``); the spec-decode stats come without it
+  (``build_spec_decoding_metrics`` in ``generate/base/serving.py``). The simulator's
+  ``vllm_timing_metrics`` (default on) says which.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
-from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer  # noqa: E402
+from spec_decode_otel import record_from_json  # noqa: E402
+from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer, shapes  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -277,3 +282,59 @@ def test_force_include_usage_also_forces_continuous_usage():
     with SimulatorServer(config) as sim, httpx.Client(base_url=sim.base_url, timeout=30.0) as c:
         chunks = sse_chunks(post(c, "/completions", stream=True).text)
     assert all("usage" in chunk for chunk in chunks)
+
+
+@pytest.fixture(scope="module")
+def untimed() -> Iterator[Any]:
+    """vLLM as it starts without ``--enable-per-request-metrics`` (its default)."""
+    config = SimulatorConfig(engine="vllm", k=4, seed=5, vllm_timing_metrics=False)
+    with SimulatorServer(config) as sim, httpx.Client(base_url=sim.base_url, timeout=30.0) as c:
+        yield c
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+def test_without_timing_metrics_a_body_has_null_timing_fields_beside_the_stats(
+    untimed: Any, path: str
+):
+    """vLLM 0.34.0 (``chat_completion/serving.py`` ``chat_completion_full_generator``,
+    ``completion/serving.py``): the timing fields need ``--enable-per-request-metrics``
+    (``common/cli_args.py``, default False); without it ``metrics`` is a bare
+    ``PerRequestMetrics()`` given only ``speculative_decoding``, dumped whole. The
+    record is read from it all the same."""
+    body = post(untimed, path, "summary").json()
+    metrics = body["metrics"]
+    assert {k: metrics[k] for k in shapes.VLLM_TIMING_FIELDS} == dict.fromkeys(
+        shapes.VLLM_TIMING_FIELDS
+    )
+    stats = metrics["speculative_decoding"]
+    record = record_from_json(body)
+    assert record is not None and record.engine == "vllm"
+    assert record.num_draft_tokens == stats["num_draft_tokens"]
+    assert record.completion_tokens == body["usage"]["completion_tokens"]
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+def test_without_timing_metrics_the_usage_chunk_has_the_stats_alone(untimed: Any, path: str):
+    """The usage chunk (``exclude_none``) carries ``metrics: {"speculative_decoding":
+    ...}`` and nothing else in it."""
+    chunks = sse_chunks(
+        post(untimed, path, "summary", stream=True, stream_options={"include_usage": True}).text
+    )
+    assert set(chunks[-1]["metrics"]) == {"speculative_decoding"}
+    record = record_from_json(chunks)
+    assert record is not None and record.num_spec_steps is not None
+    assert not any("metrics" in c for c in chunks[:-1])
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+def test_without_timing_metrics_or_stats_metrics_is_null(untimed: Any, path: str):
+    """Neither timing nor spec-decode stats: ``metrics`` stays None, so a body says
+    ``"metrics": null`` and the usage chunk has no ``metrics``; the Responses API leaves
+    it out (``responses/protocol.py``: ``exclude_if`` None)."""
+    assert post(untimed, path, "none").json()["metrics"] is None
+    chunks = sse_chunks(
+        post(untimed, path, "none", stream=True, stream_options={"include_usage": True}).text
+    )
+    assert "usage" in chunks[-1] and not any("metrics" in c for c in chunks)
+    response = untimed.post("/responses", json={"model": "spec-sim", "input": "vllm wire"})
+    assert response.status_code == 200 and "metrics" not in response.json()

@@ -172,6 +172,7 @@ class Simulator:
             sglang_details=bool(req.return_spec_tokens_details),
             sglang_meta=sglang_meta,
             faults=faults,
+            vllm_timing=cfg.vllm_timing_metrics,
         )
 
 

@@ -83,6 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="vLLM: always send the final usage chunk when streaming",
     )
+    parser.add_argument(
+        "--vllm-timing-metrics",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="vLLM: the timing fields of root metrics (its --enable-per-request-metrics)",
+    )
     parser.add_argument("--served-model", default="spec-sim", help="model name in /v1/models")
     parser.add_argument("--min-length", type=int, default=64, help="natural length, minimum")
     parser.add_argument("--max-length", type=int, default=256, help="natural length, maximum")
@@ -103,6 +109,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         draft_schedule=args.draft_schedule,
         seed=args.seed,
         force_include_usage=args.force_include_usage,
+        vllm_timing_metrics=args.vllm_timing_metrics,
         served_model=args.served_model,
         min_length=args.min_length,
         max_length=args.max_length,

@@ -58,6 +58,13 @@ class SimulatorConfig(BaseModel):
     )
     seed: int = 0
     force_include_usage: bool = False
+    vllm_timing_metrics: bool = Field(
+        True,
+        description=(
+            "vLLM's --enable-per-request-metrics: the timing fields in root metrics (off in "
+            "vLLM 0.34.0 unless asked for; spec-decode stats come either way)"
+        ),
+    )
     served_model: str = "spec-sim"
     min_length: int = Field(64, ge=1, description="natural completion length, lower bound")
     max_length: int = Field(256, ge=1, description="natural completion length, upper bound")

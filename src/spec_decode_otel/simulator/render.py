@@ -55,6 +55,8 @@ class RequestPlan:
     #: Prompt tokens of each prompt (a legacy completion can send several, each
     #: answered by ``n`` choices); empty: one prompt of ``prompt_tokens``.
     prompt_counts: tuple[int, ...] = ()
+    #: vLLM's ``--enable-per-request-metrics``: timing fields in root ``metrics``.
+    vllm_timing: bool = True
 
     @property
     def single(self) -> bool:
@@ -103,6 +105,13 @@ class RequestPlan:
         """Root ``metrics`` for the merged vLLM shape; no spec key at level none. For
         n > 1 (or several prompts) vLLM 0.33.0 nulls the whole object.
 
+        The timing fields are there only with ``--enable-per-request-metrics`` (vLLM
+        0.34.0 ``chat_completion/serving.py`` and ``completion/serving.py``: without it
+        the object is a bare ``PerRequestMetrics()`` holding just
+        ``speculative_decoding``, so a body says null for every timing field and the
+        usage chunk leaves them out; with neither timing nor stats it is None: a body's
+        ``"metrics": null``, no ``metrics`` on the usage chunk).
+
         A body is dumped whole (vLLM 0.34.0 ``chat_completion/api_router.py``:
         ``model_dump()``), so below the detailed level its ``SpeculativeDecodingMetrics``
         says ``per_step_accepted: null``, and without spec-decode stats its
@@ -113,7 +122,12 @@ class RequestPlan:
         if self.engine != "vllm" or not self.single:
             return None
         gen = self.choices[0].generation
-        out = shapes.vllm_timing_metrics(gen, self.prompt_tokens)
+        if self.vllm_timing:
+            out = shapes.vllm_timing_metrics(gen, self.prompt_tokens)
+        elif self.level == "none":
+            return None
+        else:
+            out = dict.fromkeys(shapes.VLLM_TIMING_FIELDS) if body else {}
         if self.level == "none" and body:
             out["speculative_decoding"] = None
         elif self.level != "none":
@@ -327,7 +341,7 @@ class RequestPlan:
                 "total_tokens": usage["total_tokens"],
             },
         }
-        if self.engine == "vllm":
+        if self.engine == "vllm" and self.vllm_timing:  # else left out (``exclude_if``)
             out["metrics"] = {
                 **shapes.vllm_timing_metrics(c.generation, self.prompt_tokens),
                 "speculative_decoding": None,

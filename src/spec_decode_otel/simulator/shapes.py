@@ -223,6 +223,16 @@ def llamacpp_timings(gen: Generation, prompt_tokens: int, mlx_vlm: bool = False)
     return out
 
 
+#: vLLM's ``PerRequestMetrics`` timing fields (``entrypoints/generate/base/protocol.py``).
+VLLM_TIMING_FIELDS = (
+    "time_to_first_token_ms",
+    "generation_time_ms",
+    "queue_time_ms",
+    "mean_itl_ms",
+    "tokens_per_second",
+)
+
+
 def vllm_timing_metrics(gen: Generation, prompt_tokens: int) -> JSON:
     """The non-spec-decode timing fields vLLM puts beside ``speculative_decoding``."""
     ttft = round(12.0 + 0.02 * prompt_tokens, 3)

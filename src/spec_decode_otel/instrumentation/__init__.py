@@ -25,6 +25,7 @@ from spec_decode_otel.instrumentation.genai_metrics import GenAiMetrics
 from spec_decode_otel.instrumentation.settings import Settings
 from spec_decode_otel.instrumentation.wrapper import Instrumentation
 from spec_decode_otel.integrations import note_openai_request, unwatch_litellm, watch_litellm
+from spec_decode_otel.integrations.dspy import unwatch_dspy, watch_dspy
 from spec_decode_otel.package import _instruments
 from spec_decode_otel.telemetry import SCOPE_NAME, instruments_for
 from spec_decode_otel.version import __version__
@@ -112,9 +113,13 @@ class SpecDecodeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         # LiteLLM's own HTTP handler bypasses the SDK: a LiteLLM callback covers those
         # calls, registered when (if ever) the application imports litellm.
         watch_litellm(instrumentation)
+        # DSPy's own client (lm15) bypasses both: its request methods are wrapped when
+        # (if ever) the application imports dspy.
+        watch_dspy(instrumentation)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         unwatch_litellm()
+        unwatch_dspy()
         # Put back what each attribute held, unless someone has since replaced or wrapped
         # our wrapper: theirs stays, and ours inside it now passes every call through.
         for patch in reversed(SpecDecodeInstrumentor._patches):

@@ -714,3 +714,94 @@ def test_delta_temporality_reaches_prometheus_as_totals(
         name, _, extra = metric.partition("{")
         matchers = f"{job}, {extra.rstrip('}')}" if extra else job
         _close(prom_scalar(prom, f"sum({name}{{{matchers}}})"), DELTA_CALLS, f"{metric} (delta)")
+
+
+def test_draft_acceptance_rate_counts_only_accepted_drafts_with_a_drafted_count(
+    e2e_stack: Stack, prom: httpx.Client
+) -> None:
+    """SGLang under --speculative-adaptive (0.5.23; tests/unit/test_adapters_wire_fidelity
+    ADAPTIVE_EVIDENCE): a request drafted past the startup length keeps its accepted drafts
+    and histogram but no drafted count or k. Its accepted drafts have nothing to be divided
+    by, so every token-weighted draft acceptance rate on the dashboard is accepted / drafted
+    of the requests that report both (it added them in and read over 1). The records go
+    through the real SDK (the instrumentation's own instruments), collector and
+    Prometheus."""
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+
+    from spec_decode_otel.record import SpecDecodeAcceptanceRecord
+    from spec_decode_otel.telemetry import SpecDecodeInstruments
+
+    measured = SpecDecodeAcceptanceRecord(
+        engine="sglang",
+        mean_acceptance_length=2.2,
+        draft_acceptance_rate=0.6,
+        acceptance_histogram={0: 2, 1: 4, 2: 4},
+        num_accepted_draft_tokens=12,
+        num_draft_tokens=20,
+        num_spec_steps=10,
+        num_spec_tokens=2,
+    )
+    adaptive = SpecDecodeAcceptanceRecord(
+        engine="sglang",
+        mean_acceptance_length=4.1,
+        acceptance_histogram={0: 1, 1: 1, 2: 2, 3: 1, 4: 2, 5: 3},
+        num_accepted_draft_tokens=31,
+        num_spec_steps=10,
+    )
+    service = f"sdo-e2e-adaptive-{uuid.uuid4().hex[:8]}"
+    provider = MeterProvider(
+        metric_readers=[
+            PeriodicExportingMetricReader(
+                OTLPMetricExporter(endpoint=e2e_stack.otlp_endpoint("grpc"), insecure=True),
+                export_interval_millis=100,
+            )
+        ],
+        resource=Resource.create({"service.name": service}),
+    )
+    instruments = SpecDecodeInstruments(provider)
+    attrs = {"gen_ai.request.model": "adaptive", "server.address": "sglang-0"}
+    try:
+        for record in (measured, adaptive, measured, adaptive):
+            instruments.record(record, instruments.series(attrs, record))
+        assert provider.force_flush(10_000)
+        job = f'job="{service}"'
+        deadline = time.monotonic() + 30
+        query = f"sum(spec_decode_accepted_draft_tokens_total{{{job}}})"
+        while time.monotonic() < deadline and prom_scalar(prom, query) != 86:
+            time.sleep(0.25)
+    finally:
+        provider.shutdown()
+
+    variables = {
+        "service": service,
+        "model": ".*",
+        "engine": ".*",
+        "server": ".*",
+        "dimension": "job",
+        "__rate_interval": "5m",
+        "__range": "10m",
+    }
+    checked = []
+    for panel, target in _targets(_dashboard()):
+        expr = target["expr"]
+        if (
+            not re.search(
+                r"spec_decode_accepted_draft_tokens_total.*\)\s*\)?\s*/\s*sum.*spec_decode_draft_tokens_total",
+                expr,
+            )
+            or "vllm:" in expr
+        ):
+            continue
+        where = f"{panel['title']!r} {target['refId']}"
+        values = [
+            float(r["value"][1])
+            for r in prom_query(prom, _substitute(_over_totals(expr), variables))
+        ]
+        assert values, f"{where}: no data"
+        for value in values:
+            _close(value, 24 / 40, where)
+        checked.append(where)
+    assert len(checked) >= 3, checked

@@ -100,7 +100,7 @@ def _to_bools(hist: Any) -> None:
 
 def corrupt_llamacpp(timings: dict[str, Any], faults: frozenset[str]) -> None:
     """llama.cpp ``timings``: there is no histogram, so the counts themselves go bad."""
-    if "draft_n" not in timings:
+    if timings.get("draft_n") is None:  # nothing drafted (mlx-vlm: sent as null)
         return
     if "malformed-types" in faults:
         timings["draft_n"] = str(timings["draft_n"])

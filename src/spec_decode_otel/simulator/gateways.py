@@ -30,8 +30,9 @@ as observed from the real proxy in front of this simulator
   chunk left with neither choices nor usage is not sent (SGLang's ``sglext`` chunk; the
   real proxy sends it as an empty ``{"choices": []}`` on a chat stream that asked for
   usage: nothing an adapter reads, so not imitated),
-  ``finish_reason`` and ``logprobs`` are sent only when not null, a null
-  ``reasoning_content`` or ``content`` leaves the delta, and a choice keeps its non-null
+  ``finish_reason`` and ``logprobs`` are sent only when not null, a delta's null fields
+  go (SGLang's ``reasoning_content``, mlx-vlm's ``tool_calls``, ``name``, ...) and
+  its ``role`` is kept on a sequence's first chunk only, and a choice keeps its non-null
   non-standard fields only on a chat chunk before the finish chunk (TensorRT-LLM's
   running ``avg_decoded_tokens_per_iter``; SGLang's null ``matched_stop`` goes), and
   vLLM's ``token_ids`` there even null: the finish chunk's stats are dropped, and it
@@ -154,13 +155,6 @@ def _body_message(message: object) -> object:
     return out
 
 
-def _without_null_reasoning(part: object) -> object:
-    """A message or delta without SGLang's null ``reasoning_content``."""
-    if isinstance(part, dict) and part.get("reasoning_content", ...) is None:
-        return {k: v for k, v in part.items() if k != "reasoning_content"}
-    return part
-
-
 def litellm_proxy_chunks(
     chunks: Iterable[JSON], kind: str, include_usage: bool = False
 ) -> Iterator[JSON]:
@@ -177,6 +171,7 @@ def litellm_proxy_chunks(
     )
     usage_sent = False
     last_usage: JSON | None = None
+    roles: set[object] = set()  # the sequences whose role was sent
     for chunk in chunks:
         if chunk.get("choices") and isinstance(chunk.get("usage"), dict):
             last_usage = chunk["usage"]
@@ -184,12 +179,14 @@ def litellm_proxy_chunks(
         if any(_text(c, kind) and c.get("finish_reason") for c in raw_choices):
             # the text and the finish come as two chunks
             text = [_stream_choice({**c, "finish_reason": None}, kind, True) for c in raw_choices]
-            yield _chunk(chunk, text)
+            yield _chunk(chunk, _role_once(text, roles))
             finish = [_stream_choice(_without_text(c), kind, True) for c in raw_choices]
+            finish = _role_once(finish, roles)
             # chat: the proxy sends this one once the stream has ended: with its fingerprint
             yield _chunk(chunk, finish, fingerprint if kind == "chat" else None)
             continue
         choices = [_stream_choice(c, kind, c.get("finish_reason") is not None) for c in raw_choices]
+        choices = _role_once(choices, roles)
         usage = chunk.get("usage") if not choices else None
         if not choices and not usage:
             continue
@@ -203,6 +200,20 @@ def litellm_proxy_chunks(
         yield out
     if include_usage and not usage_sent and last_usage is not None and chunks:
         yield {**_chunk(chunks[-1], []), "usage": _stream_usage(last_usage)}
+
+
+def _role_once(choices: list[JSON], roles: set[object]) -> list[JSON]:
+    """A chat delta's ``role`` only on its sequence's first chunk (mlx-vlm sends it on
+    every chunk; the proxy keeps the first)."""
+    out = []
+    for choice in choices:
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and "role" in delta:
+            if choice.get("index") in roles:
+                choice = {**choice, "delta": {k: v for k, v in delta.items() if k != "role"}}
+            roles.add(choice.get("index"))
+        out.append(choice)
+    return out
 
 
 def _chunk(chunk: JSON, choices: list[JSON], fingerprint: object = None) -> JSON:
@@ -229,11 +240,14 @@ def _stream_choice(choice: JSON, kind: str, finished: bool) -> JSON:
     out: JSON = {"index": choice.get("index", 0)}
     finish = choice.get("finish_reason")
     if kind == "chat":
-        delta = _without_null_reasoning(choice.get("delta") or {})
-        if isinstance(delta, dict) and (
-            delta.get("content", "") is None or (finish is not None and delta.get("content") == "")
-        ):  # a null content (llama.cpp's role chunk) goes, as does a finish's empty one
-            delta = {k: v for k, v in delta.items() if k != "content"}
+        delta = choice.get("delta") or {}
+        if isinstance(delta, dict):  # null fields go (SGLang's reasoning_content, mlx-vlm's
+            # tool_calls, name, ..., llama.cpp's role chunk content), as does a finish's ""
+            delta = {
+                k: v
+                for k, v in delta.items()
+                if v is not None and not (k == "content" and v == "" and finish is not None)
+            }
         out["delta"] = delta
         if finish is None:  # the chunks before the finish chunk keep the engine's extras
             out.update(

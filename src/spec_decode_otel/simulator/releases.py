@@ -322,3 +322,76 @@ def llamacpp_chunks(plan: RequestPlan) -> Iterator[JSON]:
                 yield _llamacpp_chunk(plan, _llamacpp_choice(plan, c, c.pieces[step], None))
             if step == len(c.pieces) - 1:
                 yield from _llamacpp_final(plan, c)
+
+
+# --- mlx-vlm 0.7.10 (chat) ------------------------------------------------------------
+
+
+def _mlx_vlm_message(content: str | None) -> JSON:
+    """``ChatMessage`` (``server/schemas.py``) dumped with its null fields."""
+    return {
+        "role": "assistant",
+        "content": content,
+        "reasoning_content": None,
+        "reasoning": None,
+        "tool_calls": None,
+        "tool_call_id": None,
+        "name": None,
+    }
+
+
+def _mlx_vlm_usage(plan: RequestPlan) -> JSON:
+    """``UsageStats`` (``server/schemas.py``), with its ``prompt_tokens_details``."""
+    return {**plan.usage(), "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+def mlx_vlm_response(plan: RequestPlan) -> JSON:
+    """mlx-vlm 0.7.10's chat body: ``ChatResponse`` (``server/schemas.py``), returned
+    whole by ``chat_completions_endpoint`` (``server/openai.py``), so every field is sent,
+    null or not, and ``timings`` is ``GenerationTimings.from_metrics``: all its fields,
+    ``peak_memory`` and the draft ones included (null when no verify round ran)."""
+    c = plan.choices[0]
+    choice = {
+        "index": c.index,
+        "finish_reason": c.finish_reason,
+        "message": _mlx_vlm_message(c.text or None),
+        "logprobs": None,
+    }
+    return {
+        "id": plan.request_id,
+        "object": "chat.completion",
+        "created": plan.created,
+        "model": plan.model,
+        "choices": [choice],
+        "usage": _mlx_vlm_usage(plan),
+        "timings": plan.llamacpp_timings(c),
+    }
+
+
+def mlx_vlm_chunks(plan: RequestPlan) -> Iterator[JSON]:
+    """mlx-vlm 0.7.10's chat stream (``server/openai.py`` ``stream_generator``; every
+    chunk a ``ChatStreamChunk`` dumped whole, so ``usage: null`` until the last): no
+    role chunk; each chunk with text, then the finish chunk (``_final_chat_chunk``),
+    carries ``timings`` with nothing but ``predicted_per_second``
+    (``StreamingTimings``); the draft counters come only on the ``include_usage``
+    chunk (``_chat_usage_chunk``: ``choices: []``, the whole ``GenerationTimings``)."""
+    c = plan.choices[0]
+    running = {"predicted_per_second": plan.llamacpp_timings(c)["predicted_per_second"]}
+    for piece in c.pieces:
+        if piece:
+            choice = {
+                "index": c.index,
+                "finish_reason": None,
+                "delta": _mlx_vlm_message(piece),
+                "logprobs": None,
+            }
+            yield plan.chunk(choice, usage=None, timings=running)
+    finish = {
+        "index": c.index,
+        "finish_reason": c.finish_reason,
+        "delta": _mlx_vlm_message(None),
+        "logprobs": None,
+    }
+    yield plan.chunk(finish, usage=None, timings=running)
+    if plan.include_usage:
+        yield plan.chunk(usage=_mlx_vlm_usage(plan), timings=plan.llamacpp_timings(c))

@@ -224,6 +224,8 @@ class RequestPlan:
             return releases.vllm_response(self)
         if self.engine == "llamacpp":
             return releases.llamacpp_response(self)
+        if self.engine == "mlx-vlm" and self.kind == "chat":
+            return releases.mlx_vlm_response(self)
         choices = []
         for c in self.choices:
             steps = c.generation.num_spec_steps
@@ -287,6 +289,9 @@ class RequestPlan:
         if self.engine == "llamacpp":
             yield from releases.llamacpp_chunks(self)
             return
+        if self.engine == "mlx-vlm" and self.kind == "chat":
+            yield from releases.mlx_vlm_chunks(self)
+            return
         if self.kind == "chat":
             for c in self.choices:
                 yield self.chunk(self.delta(c, 0, {"role": "assistant", "content": ""}))
@@ -348,11 +353,21 @@ class RequestPlan:
             }
         return out
 
+    def _mlx_rate(self) -> JSON:
+        """mlx-vlm's ``StreamingTimings`` (``predicted_per_second`` alone); {} elsewhere."""
+        if self.engine != "mlx-vlm":
+            return {}
+        rate = self.llamacpp_timings()["predicted_per_second"]
+        return {"timings": {"predicted_per_second": rate}}
+
     def responses_events(self) -> Iterator[JSON]:
         """A Responses API stream: created, in progress, one text delta per verify step,
         the done events, then ``response.completed`` with the whole response. llama.cpp
         (b11312, PR ggml-org/llama.cpp#25348) puts root ``timings`` on that last event,
-        beside ``response``, and numbers no event; vLLM numbers them all."""
+        beside ``response``, and numbers no event; vLLM numbers them all. mlx-vlm 0.7.10
+        (``server/openai.py`` ``responses_endpoint``) sends no draft counts on a
+        Responses stream: its only ``timings`` (``response.output_text.done``'s) holds
+        ``predicted_per_second`` alone."""
         c = self.choices[0]
         pending = self._output_item("", "in_progress")
         done = self._output_item(c.text, "completed")
@@ -360,7 +375,7 @@ class RequestPlan:
         started = {**self.responses_body("in_progress"), "output": []}
         started.pop("usage")
         completed: JSON = {"type": "response.completed", "response": self.responses_body()}
-        if self.engine in TIMINGS_FAMILY:
+        if self.engine == "llamacpp":  # mlx-vlm 0.7.10 puts no draft counts on any event
             completed["timings"] = self.llamacpp_timings()
         events: list[JSON] = [
             {"type": "response.created", "response": started},
@@ -372,7 +387,7 @@ class RequestPlan:
             },
             {"type": "response.content_part.added", **at, "part": pending["content"][0]},
             *({"type": "response.output_text.delta", **at, "delta": p} for p in c.pieces if p),
-            {"type": "response.output_text.done", **at, "text": c.text},
+            {"type": "response.output_text.done", **at, "text": c.text, **self._mlx_rate()},
             {"type": "response.content_part.done", **at, "part": done["content"][0]},
             {"type": "response.output_item.done", "output_index": 0, "item": done},
             completed,

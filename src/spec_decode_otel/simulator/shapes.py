@@ -199,8 +199,10 @@ MLX_VLM_DRAFT_KIND = "mtp"
 
 def llamacpp_timings(gen: Generation, prompt_tokens: int, mlx_vlm: bool = False) -> JSON:
     """Root ``timings``; ``draft_n``/``draft_n_accepted`` only when something was drafted
-    (llama.cpp). mlx-vlm 0.7.10 adds ``draft_rounds`` (verify steps) and ``draft_kind``
-    (the drafter)."""
+    (llama.cpp). mlx-vlm 0.7.10 (``GenerationTimings`` in ``server/schemas.py``) adds
+    ``peak_memory``, ``draft_rounds`` (verify steps) and ``draft_kind`` (the drafter),
+    and sends its four draft fields null when no verify round ran
+    (``speculative_stats_since`` in ``speculative/common.py``)."""
     prompt_ms = round(0.35 * max(prompt_tokens, 1), 3)
     predicted_ms = round(6.0 * max(gen.num_spec_steps, 1), 3)
     out: JSON = {
@@ -214,12 +216,16 @@ def llamacpp_timings(gen: Generation, prompt_tokens: int, mlx_vlm: bool = False)
         "predicted_per_token_ms": predicted_ms / gen.completion_tokens,
         "predicted_per_second": 1000.0 * gen.completion_tokens / predicted_ms,
     }
-    if gen.num_draft_tokens > 0:
+    if mlx_vlm:  # GenerationTimings: every field, null ones too (no round: all null)
+        rounds = gen.num_spec_steps > 0
+        out["peak_memory"] = 1.5
+        out["draft_kind"] = MLX_VLM_DRAFT_KIND if rounds else None
+        out["draft_rounds"] = gen.num_spec_steps if rounds else None
+        out["draft_n"] = gen.num_draft_tokens if rounds else None
+        out["draft_n_accepted"] = gen.num_accepted_draft_tokens if rounds else None
+    elif gen.num_draft_tokens > 0:
         out["draft_n"] = gen.num_draft_tokens
         out["draft_n_accepted"] = gen.num_accepted_draft_tokens
-        if mlx_vlm:
-            out["draft_rounds"] = gen.num_spec_steps
-            out["draft_kind"] = MLX_VLM_DRAFT_KIND
     return out
 
 

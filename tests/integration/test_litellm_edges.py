@@ -7,15 +7,18 @@ Fixtures, leak filters and helpers come from ``test_litellm``.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
-from collections.abc import Iterator
-from typing import Any
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
 
 import litellm
 import openai
 import pytest
+import pytest_asyncio
 from framework_relay import Recorded, Relay
 from instrumentation_helpers import (
     MODEL,
@@ -26,6 +29,7 @@ from instrumentation_helpers import (
 )
 from opentelemetry.trace import StatusCode
 from test_litellm import (  # noqa: F401  # the fixtures are used by name
+    SETTLE,
     collect_litellm_leaks,
     litellm_callbacks,
     litellm_clients,
@@ -36,18 +40,35 @@ from test_litellm import (  # noqa: F401  # the fixtures are used by name
 )
 
 import spec_decode_otel
+from spec_decode_otel import integrations
+from spec_decode_otel.integrations import litellm as callback_module
+
+if TYPE_CHECKING:
+    from reliability.reliability_helpers import SpanCounter
 
 
-@pytest.fixture(autouse=True)
-def no_call_left_open() -> Iterator[None]:
-    """Streams these tests drop stay open calls for LiteLLM (it never reports their end),
-    which would leave the stream notes of later tests' openai SDK calls on: forget them."""
-    from spec_decode_otel.integrations import litellm as callback_module
-    from spec_decode_otel.integrations import set_open_litellm_calls
+async def calls_closed(already_open: frozenset[Any] = frozenset()) -> int:
+    """LiteLLM calls still open (besides ``already_open``) once the streams dropped so
+    far are reclaimed: their ends run on the finalizer's thread, after the collector."""
 
+    def still_open() -> int:
+        return len(callback_module._calls._started.keys() - already_open)
+
+    deadline = time.monotonic() + SETTLE
+    while still_open() and time.monotonic() < deadline:
+        gc.collect()
+        await asyncio.sleep(0.02)
+    return still_open()
+
+
+@pytest_asyncio.fixture(autouse=True, loop_scope="module")
+async def no_call_left_open() -> AsyncIterator[None]:
+    """Every test here, dropped streams included, leaves no LiteLLM call of its own open
+    once its streams are reclaimed (an open call keeps the notes of every openai SDK
+    stream on)."""
+    before = frozenset(callback_module._calls._started)
     yield
-    callback_module._calls = callback_module._Calls()
-    set_open_litellm_calls(0)
+    assert await calls_closed(before) == 0
 
 
 def open_stream(api: str, mode: str, base_url: str, seed: str) -> Any:
@@ -163,34 +184,211 @@ async def test_an_answer_litellm_retried_for_has_its_record(otel: Otel, simulato
     assert otel.requests_by_outcome() == {"error": 1, "recorded": 1}
 
 
-async def test_calls_litellm_never_ends_are_kept_at_most_max_calls(
+async def test_calls_of_streams_still_held_are_kept_at_most_max_calls(
     otel: Otel, simulator_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Streams read in part and dropped, or closed: LiteLLM 1.110.2 reports their end
-    only when read to the end (``CustomStreamWrapper``, streaming_handler.py; its
-    ``close()`` sends nothing), so they get no span from the callback and stay open.
-    What is kept of them is bounded: past ``MAX_CALLS``, the oldest is forgotten. They
-    are forgotten only so (nothing tells a dropped stream from a slow one), so the count
-    of open calls never falls back to zero; a later call is still recorded."""
-    from spec_decode_otel import integrations
-    from spec_decode_otel.integrations import litellm as callback_module
-
+    """Streams read in part and still held by the caller: LiteLLM 1.110.2 reports a
+    stream's end only when it is read to the end (``CustomStreamWrapper``,
+    streaming_handler.py), so their calls stay open while they are held. What is kept of
+    them is bounded: past ``MAX_CALLS``, the oldest is forgotten (nothing tells a held
+    stream from a slow one), and a later call is still recorded. Once dropped, the one
+    still kept ends ``not_read_to_end``; the forgotten ones give nothing."""
     monkeypatch.setattr(callback_module, "MAX_CALLS", 2)
     otel.instrument()
+    held = []
     for index in range(4):
-        request = request_kwargs("vllm", "chat", True, seed_for("dropped", str(index)))
+        request = request_kwargs("vllm", "chat", True, seed_for("held", str(index)))
         stream = litellm.completion(**litellm_kwargs("hosted_vllm", request, simulator_url))
         assert next(iter(stream))
-        stream.close()
+        held.append(stream)
     assert len(callback_module._calls._started) == 2
-    assert integrations._open_litellm_calls == 2
+    assert integrations.open_litellm_calls() == 2
 
-    request = request_kwargs("vllm", "chat", False, seed_for("after the dropped ones"))
+    request = request_kwargs("vllm", "chat", False, seed_for("after the held ones"))
     await litellm.acompletion(**litellm_kwargs("hosted_vllm", request, simulator_url))
     (span,) = await settled_spans(otel)
     assert span.attributes["spec_decode.outcome"] == "recorded"
-    # its start pushed out one more dropped stream; its end closed it
-    assert integrations._open_litellm_calls == len(callback_module._calls._started) == 1
+    # its start pushed out one more held stream; its end closed it
+    assert integrations.open_litellm_calls() == len(callback_module._calls._started) == 1
+
+    del held, stream
+    assert await calls_closed() == 0
+    spans = await settled_spans(otel, 2)
+    assert sorted(s.attributes["spec_decode.outcome"] for s in spans) == [
+        "not_read_to_end",
+        "recorded",
+    ]
+
+
+async def drop_stream(mode: str, how: str, route: str, base_url: str, seed: str) -> None:
+    """A ``litellm.completion``/``acompletion`` stream the caller leaves: unread, read in
+    part, or read in part and closed (``close()``/``aclose()``), then out of scope."""
+    request = request_kwargs("vllm", "chat", True, seed_for(seed, mode, how, route))
+    kwargs = litellm_kwargs(route, request, base_url)
+    if mode == "async":
+        stream = await litellm.acompletion(**kwargs)
+        if how != "unread":
+            assert await stream.__anext__()
+        if how == "closed":
+            await stream.aclose()
+    else:
+        stream = litellm.completion(**kwargs)
+        if how != "unread":
+            assert next(stream)
+        if how == "closed":
+            stream.close()
+    assert integrations.open_litellm_calls()
+
+
+@pytest.mark.parametrize("how", ["unread", "read in part", "closed"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_stream_the_caller_drops_ends_not_read_to_end_and_its_call_is_forgotten(
+    mode: str, how: str, otel: Otel, span_counter: SpanCounter, simulator_url: str
+) -> None:
+    """``litellm.completion(model="hosted_vllm/...", stream=True)`` (or ``acompletion``)
+    left before its end: LiteLLM 1.110.2 sends no event for it (``CustomStreamWrapper``,
+    litellm/litellm_core_utils/streaming_handler.py: ``close()``/``aclose()`` release the
+    provider stream, ``__del__`` restores its logging context, none reports the end), so
+    its call stayed open in the callback until ``MAX_CALLS`` pushed it out, and the open
+    count (which keeps the openai SDK streams' notes on) never fell back to 0. Now, once
+    the stream is reclaimed, the call is forgotten and has its span, ended with the
+    outcome an openai SDK stream dropped early gets."""
+    otel.instrument()
+    before = frozenset(callback_module._calls._started)
+    await drop_stream(mode, how, "hosted_vllm", simulator_url, "dropped")
+    assert await calls_closed(before) == 0
+
+    (span,) = await settled_spans(otel)
+    assert span.attributes["spec_decode.outcome"] == "not_read_to_end"
+    assert span.attributes["spec_decode.read_to_end"] is False
+    assert span.status.status_code is StatusCode.UNSET
+    assert span.end_time is not None and span.end_time >= span.start_time
+    assert otel.requests_by_outcome() == {"not_read_to_end": 1}
+    assert await span_counter.open_after_async(SETTLE) == 0
+    assert span_counter.started == 1
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_dropped_stream_litellm_sent_through_the_sdk_keeps_only_the_wrappers_span(
+    mode: str, otel: Otel, span_counter: SpanCounter, simulator_url: str
+) -> None:
+    """The same on LiteLLM's ``openai/`` route, whose stream is an openai SDK stream the
+    openai wrapper reads (and ends ``not_read_to_end`` when reclaimed with LiteLLM's):
+    the call is forgotten without a second span."""
+    otel.instrument()
+    before = frozenset(callback_module._calls._started)
+    await drop_stream(mode, "read in part", "openai", simulator_url, "dropped via the SDK")
+    assert await calls_closed(before) == 0
+
+    (span,) = await settled_spans(otel)
+    assert span.attributes["spec_decode.outcome"] == "not_read_to_end"
+    assert otel.requests_by_outcome() == {"not_read_to_end": 1}
+    assert await span_counter.open_after_async(SETTLE) == 0
+    assert span_counter.started == 1
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_stream_read_to_the_end_then_dropped_is_recorded_once(
+    mode: str, otel: Otel, span_counter: SpanCounter, simulator_url: str
+) -> None:
+    """A ``hosted_vllm/`` stream read to its end, then dropped: LiteLLM 1.110.2 reports
+    its end (the callback's span, ``no_stats``: LiteLLM rebuilt the chunks), and
+    reclaiming the stream afterwards ends nothing a second time."""
+    otel.instrument()
+    before = frozenset(callback_module._calls._started)
+    request = request_kwargs("vllm", "chat", True, seed_for("read to the end", mode))
+    kwargs = litellm_kwargs("hosted_vllm", request, simulator_url)
+    if mode == "async":
+        stream = await litellm.acompletion(**kwargs)
+        assert [chunk async for chunk in stream]
+    else:
+        stream = litellm.completion(**kwargs)
+        assert list(stream)
+    (span,) = await settled_spans(otel)
+    del stream
+    assert await calls_closed(before) == 0
+
+    assert await settled_spans(otel) == [span]
+    assert span.attributes["spec_decode.outcome"] == "no_stats"
+    assert otel.requests_by_outcome() == {"no_stats": 1}
+    assert await span_counter.open_after_async(SETTLE) == 0
+    assert span_counter.started == 1
+
+
+@pytest.mark.parametrize("read", ["to the end", "in part"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_router_stream_has_one_span_read_to_the_end_or_dropped(
+    mode: str, read: str, otel: Otel, span_counter: SpanCounter, simulator_url: str
+) -> None:
+    """LiteLLM 1.110.2's Router hands out its own ``CustomStreamWrapper`` subclass
+    (``_SyncChatStream``/``_AsyncChatStream``, litellm/router_rust/invoke/streaming.py)
+    around the attempt's stream, with the same call: it iterates a generator over the
+    attempt's stream, so its own end-of-stream state never changes. Read to the end, the
+    call has LiteLLM's reported end (``no_stats``) and nothing more when both streams are
+    reclaimed; dropped, one ``not_read_to_end`` span."""
+    otel.instrument()
+    before = frozenset(callback_module._calls._started)
+    router = litellm.Router(
+        model_list=[
+            {
+                "model_name": "pool",
+                "litellm_params": {
+                    "model": f"hosted_vllm/{MODEL}",
+                    "api_base": simulator_url,
+                    "api_key": "sk-t",
+                },
+            }
+        ]
+    )
+    request = request_kwargs("vllm", "chat", True, seed_for("router", mode, read))
+    kwargs = {**request, "model": "pool"}
+    if mode == "async":
+        stream = await router.acompletion(**kwargs)
+        assert [chunk async for chunk in stream] if read == "to the end" else await anext(stream)
+    else:
+        stream = router.completion(**kwargs)
+        assert list(stream) if read == "to the end" else next(stream)
+    if read == "to the end":
+        await settled_spans(otel)
+    del stream
+    assert await calls_closed(before) == 0
+
+    (span,) = await settled_spans(otel)
+    expected = "no_stats" if read == "to the end" else "not_read_to_end"
+    assert span.attributes["spec_decode.outcome"] == expected
+    assert otel.requests_by_outcome() == {expected: 1}
+    assert await span_counter.open_after_async(SETTLE) == 0
+    assert span_counter.started == 1
+
+
+async def test_after_dropped_streams_an_openai_sdk_stream_is_not_noted(
+    otel: Otel, simulator_url: str
+) -> None:
+    """The openai wrapper notes each SDK stream's response id only while a LiteLLM call
+    is open (:mod:`spec_decode_otel.integrations`). A dropped LiteLLM stream kept its call
+    open, so from then on every SDK stream of the application was noted (up to
+    ``MAX_STREAMS``). Once the dropped streams are reclaimed, none is."""
+    otel.instrument()
+    await drop_stream("sync", "read in part", "hosted_vllm", simulator_url, "before notes")
+    await drop_stream("async", "read in part", "hosted_vllm", simulator_url, "before notes")
+    assert await calls_closed() == 0
+    with integrations._streams_lock:
+        integrations._streams.clear()  # notes earlier tests' SDK streams left
+
+    client = openai.AsyncOpenAI(api_key="sk-t", base_url=simulator_url, max_retries=0)
+    try:
+        request = request_kwargs("vllm", "chat", True, seed_for("not noted"))
+        chunks = [chunk async for chunk in await client.chat.completions.create(**request)]
+    finally:
+        await client.close()
+    assert chunks[0].id
+    assert not integrations._streams
+    spans = await settled_spans(otel, 3)
+    assert sorted(s.attributes["spec_decode.outcome"] for s in spans) == [
+        "not_read_to_end",
+        "not_read_to_end",
+        "recorded",
+    ]
 
 
 @pytest.mark.parametrize("route", ["hosted_vllm", "openai"])
@@ -200,12 +398,11 @@ def test_a_call_kept_open_keeps_no_prediction_content(
     """A ``prediction`` (OpenAI's Predicted Outputs, which LiteLLM 1.110.2 sends on both
     routes) is the text the model is expected to write: content, often a whole file. The
     callback keeps each call's request body, without its content, until LiteLLM reports
-    the call's end, which for a dropped stream it never does (up to ``MAX_CALLS`` calls).
+    the call's end, which for a stream still held it does not do (up to ``MAX_CALLS``
+    calls).
     So what is kept of the prediction is only that there was one, which is all the
     ``usage`` pair's reading needs (a request with a prediction has its usage counts read
     as Predicted Outputs, not speculative decoding)."""
-    from spec_decode_otel.integrations import litellm as callback_module
-
     otel.instrument()
     predicted = "the predicted text " * 1000
     request = request_kwargs("vllm", "chat", True, seed_for("prediction", route))

@@ -122,6 +122,12 @@ def set_open_litellm_calls(count: int) -> None:
     _open_litellm_calls = count
 
 
+def open_litellm_calls() -> int:
+    """The LiteLLM callback's count of open calls (read without a lock: safe in
+    ``__del__``)."""
+    return _open_litellm_calls
+
+
 def note_openai_stream(response_id: Any, server: str) -> None:
     """Called by the openai wrapper at an SDK stream's first chunk; kept while a LiteLLM
     call is open (only the LiteLLM callback takes these notes)."""
@@ -286,6 +292,7 @@ __all__ = [
     "note_openai_request",
     "note_openai_stream",
     "note_openai_stream_error",
+    "open_litellm_calls",
     "set_open_litellm_calls",
     "took_openai_stream",
     "took_openai_stream_error",

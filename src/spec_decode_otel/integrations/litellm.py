@@ -31,16 +31,23 @@ own, with its own span on the deployment it reached, even under one ``litellm_ca
 
 The span is made when LiteLLM logs a non-streamed call's answer, or reports a streamed
 or failed call's end, with the call's own start and end times, as a child of the span
-that was current when the call started. LiteLLM's own
-OpenTelemetry callback makes and ends its ``litellm_request`` span inside its logging
-handler, which no callback can add attributes to: with it on, each call has LiteLLM's
-span and ours (only ours carries ``spec_decode.*``).
+that was current when the call started. A chat stream the caller drops (or closes)
+before its end, which LiteLLM never reports, ends when it is reclaimed:
+``not_read_to_end`` when LiteLLM's own handler read it, as the openai wrapper ends an SDK
+stream dropped early. LiteLLM's own OpenTelemetry callback makes and ends its
+``litellm_request`` span inside its logging handler, which no callback can add
+attributes to: with it on, each call has LiteLLM's span and ours (only ours carries
+``spec_decode.*``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import inspect
+import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -57,8 +64,9 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from spec_decode_otel._attributes import current_attributes
 from spec_decode_otel._fork import fork_safe_lock
 from spec_decode_otel._logging import report_internal_error, warn_once
-from spec_decode_otel.instrumentation import _build
+from spec_decode_otel.instrumentation import _build, finalizer
 from spec_decode_otel.instrumentation.call import Call, CallPlan, finish_reasons
+from spec_decode_otel.instrumentation.streams import _StreamProxyBase
 from spec_decode_otel.instrumentation.wrapper import (
     Instrumentation,
     _requested_sequences,
@@ -67,6 +75,7 @@ from spec_decode_otel.integrations import (
     SdkMark,
     current_mark,
     last_sdk_request,
+    open_litellm_calls,
     set_open_litellm_calls,
     took_openai_stream,
     took_openai_stream_error,
@@ -105,6 +114,10 @@ class _Started:
     request: Mapping[str, Any] | None
     #: Sequences the request asked for (``n``, times the prompts of a completion).
     sequences: int
+    #: The callback that saw it start: it records the call if its stream is dropped.
+    callback: SpecDecodeLiteLLMCallback
+    #: The process that started it: a forked child's copy is the parent's to end.
+    pid: int = dataclasses.field(default_factory=os.getpid)
 
 
 class _Calls:
@@ -112,7 +125,9 @@ class _Calls:
 
     Shared by every callback instance, so one attempt gives one record however many
     callbacks (or LiteLLM's sync and async success events) report it. Both are bounded:
-    an attempt LiteLLM never reports ended (an abandoned stream) is forgotten eventually.
+    an attempt LiteLLM never reports ended is forgotten eventually. A stream the caller
+    drops before its end is one: it is ended when the collector reclaims it
+    (:func:`_watch_dropped_streams`).
     """
 
     def __init__(self) -> None:
@@ -183,6 +198,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         super().__init__()
         self._instrumentation = instrumentation
         self._enabled = True
+        _watch_dropped_streams()
 
     def register(self) -> None:
         """Add this callback to ``litellm.callbacks`` (once)."""
@@ -259,8 +275,11 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
                 current_attributes(),
                 None if body is None else wire.request_kept(body),
                 _requested_sequences(body or {}),
+                self,
             )
 
+        # Made here, never where a stream is reclaimed (see the finalizer module).
+        finalizer.start()
         current_mark.set(_calls.start(call_id, make).mark)
 
     def _responded(self, kwargs: Mapping[str, Any]) -> None:
@@ -335,6 +354,27 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         except Exception:
             report_internal_error("litellm.end")
 
+    def _dropped(self, kwargs: Mapping[str, Any], started: _Started, end_time: Any) -> None:
+        """A stream the caller dropped before its end, which LiteLLM never reports:
+        ended ``not_read_to_end``, as the openai wrapper ends an SDK stream dropped early,
+        when LiteLLM's own handler read it (the mark says so). The openai wrapper's own
+        stream proxy ends a stream it read; a call whose route stayed unknown is only
+        forgotten."""
+        operation = OPERATIONS.get(kwargs.get("call_type"))  # type: ignore[arg-type]
+        mark = started.mark
+        if not self._enabled or operation is None or mark.via_sdk or not mark.decided:
+            return
+        self._record(
+            kwargs,
+            operation,
+            started,
+            None,
+            wire.attempt_start(kwargs),
+            end_time,
+            failed=False,
+            read_to_end=False,
+        )
+
     def _record(
         self,
         kwargs: Mapping[str, Any],
@@ -344,6 +384,8 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         start_time: Any,
         end_time: Any,
         failed: bool,
+        *,
+        read_to_end: bool = True,
     ) -> None:
         streaming = kwargs.get("stream") is True
         responses_api = wire.responses_call(kwargs)
@@ -361,6 +403,16 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             return
         first = wire.seconds(start_time, kwargs.get("completion_start_time"))
         first_chunk_at = None if first is None else call.started + first
+        if not read_to_end:  # a stream dropped before its end: nothing of it is kept
+            call.finish_stream(
+                [],
+                response_model=None,
+                finish_reasons=(),
+                multi_sequence=False,
+                first_chunk_at=first_chunk_at,
+                read_to_end=False,
+            )
+            return
         if not streaming or responses_api:
             body = wire.kept_body(kwargs, response)
             if streaming:  # a Responses stream, ended with its completed response
@@ -438,6 +490,123 @@ class _EndsAt(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from wrap
 
     def end(self, end_time: int | None = None) -> None:
         self.__wrapped__.end(end_time=end_time or self._self_end_time)
+
+
+#: What a dropped stream's end needs of LiteLLM's call details (none of its content).
+_DROPPED_FIELDS = (
+    "litellm_call_id",
+    "current_attempt_api_call_start_time",
+    "api_call_start_time",
+    "start_time",
+    "completion_start_time",
+    "call_type",
+    "model",
+    "stream",
+    "stream_options",
+    "cache_hit",
+)
+_watch_lock = threading.Lock()
+_watching = False
+#: ``CustomStreamWrapper``'s own ``__next__`` and ``__anext__``: only a stream iterated by
+#: them has the state :func:`_stream_reclaimed` reads.
+_own_iteration: tuple[Any, Any] | None = None
+
+
+def _watch_dropped_streams() -> None:
+    """Learn when the caller drops a LiteLLM stream before its end (once per process).
+
+    LiteLLM 1.110.2 reports a stream's end only when it is read to the end or fails
+    (``CustomStreamWrapper``, litellm_core_utils/streaming_handler.py): ``close()``,
+    ``aclose()`` and dropping it send no event, so its call stayed open here, and with it
+    the notes of every openai SDK stream (:mod:`spec_decode_otel.integrations`). No hook
+    hands a callback an async call's stream (a sync call's is only logged as its
+    response), so the stream's own finalizer is wrapped: when the collector reclaims a
+    stream LiteLLM has not reported ended, its call is ended on the finalizer thread
+    (:mod:`spec_decode_otel.instrumentation.finalizer`), as the openai wrapper's stream
+    proxies end theirs. A stream the caller keeps after ``close()`` ends when reclaimed.
+    """
+    global _watching, _own_iteration
+    with _watch_lock:
+        if _watching:
+            return
+        _watching = True
+    try:
+        from litellm.litellm_core_utils.streaming_handler import CustomStreamWrapper
+
+        _own_iteration = (CustomStreamWrapper.__next__, CustomStreamWrapper.__anext__)
+        if "__del__" in vars(CustomStreamWrapper):
+            wrapt.wrap_function_wrapper(CustomStreamWrapper, "__del__", _reclaimed)
+        else:
+            CustomStreamWrapper.__del__ = _reclaimed_without_finalizer  # type: ignore[method-assign]
+    except Exception:
+        report_internal_error("litellm.watch_streams")
+
+
+def _reclaimed(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> None:
+    try:
+        wrapped(*args, **kwargs)
+    finally:
+        _stream_reclaimed(instance)
+
+
+def _reclaimed_without_finalizer(self: Any) -> None:
+    _stream_reclaimed(self)
+
+
+def _stream_reclaimed(stream: Any) -> None:
+    """In ``__del__``, on whichever thread the collector interrupted: reads the stream's
+    own state and queues the rest, taking no lock (see the finalizer module).
+
+    LiteLLM has reported, or is reporting, the stream's end when it read the last chunk
+    and closed the stream (its success event), or dispatched a failure: those are left
+    to LiteLLM. A sync stream's pending event holds its logging object, which holds the
+    stream (as the response it logged), so it is reclaimed only after the event ran.
+    A subclass iterating something else keeps none of that state: the Router's
+    ``FallbackAwareStreamWrapper`` (litellm/router_rust/invoke/streaming.py) reads the
+    attempt's own stream, which shares its call and is judged when reclaimed with it."""
+    try:
+        kind = type(stream)
+        if not open_litellm_calls() or (kind.__next__, kind.__anext__) != _own_iteration:
+            return
+        state = vars(stream)
+        reported = state.get("sent_last_chunk") is True and state.get("_closed") is True
+        if reported or state.get("_failure_logging") is not None:
+            return
+        details = getattr(state.get("logging_obj"), "model_call_details", None)
+        if not isinstance(details, Mapping):
+            return
+        kept: dict[str, Any] = {name: details.get(name) for name in _DROPPED_FIELDS}
+        params = details.get("litellm_params")
+        if isinstance(params, Mapping):
+            kept["litellm_params"] = {"api_base": params.get("api_base")}
+        optional = details.get("optional_params")
+        if isinstance(optional, Mapping):
+            kept["optional_params"] = {"stream_options": optional.get("stream_options")}
+        stamp = wire.attempt_start(kept)
+        now = datetime.now(stamp.tzinfo) if stamp is not None else None
+        sdk_stream = isinstance(state.get("completion_stream"), _StreamProxyBase)
+        finalizer.defer(functools.partial(_forget_dropped, kept, now, sdk_stream))
+    except Exception as error:  # reported from the finalizer's thread; never from here
+        with contextlib.suppress(Exception):
+            finalizer.defer(functools.partial(_report, error.with_traceback(None)))
+
+
+def _forget_dropped(kwargs: Mapping[str, Any], end_time: Any, sdk_stream: bool) -> None:
+    """On the finalizer thread: the dropped stream's call is no longer open, and is
+    ended ``not_read_to_end`` when ours to record."""
+    call_id = wire.attempt(kwargs)
+    started = None if call_id is None else _calls.end(call_id)
+    if started is None or sdk_stream or started.pid != os.getpid():
+        return  # reported ended already, the openai wrapper's, or a forked parent's
+    if kwargs.get("cache_hit") is not True:
+        started.callback._dropped(kwargs, started, end_time)
+
+
+def _report(error: Exception) -> None:
+    try:
+        raise error
+    except Exception:
+        report_internal_error("litellm.stream_reclaimed")
 
 
 def _wrapper_streamed(kwargs: Mapping[str, Any], response: Any, since: int) -> bool:

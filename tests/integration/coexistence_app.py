@@ -8,6 +8,7 @@ Environment:
                  runs under ``opentelemetry-instrument``, which did all of that already
   COEX_OTHER     openai-v2 | genai-openai | openinference | openllmetry
   COEX_ORDER     theirs-first | ours-first | theirs-only | ours-only
+  COEX_EXTRA     set: the instrument way makes only the calls of ``EXTRA_CALLS`` instead
 
 Every call runs under a root span of its own named ``call <label>``, so the test groups
 the exported spans by call. In the instrument way the script then uninstruments
@@ -18,9 +19,11 @@ with ``instrument_client``. It prints one JSON line: which wrappers sat where.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import json
 import os
+import threading
 from typing import Any
 
 import openai
@@ -70,6 +73,45 @@ def expected(key: str, snapshots: dict[str, dict[str, Any]], current: dict[str, 
     if ORDER == "ours-first" and snapshots["after theirs"][key] is not snapshots["after ours"][key]:
         return snapshots["after theirs"][key]  # theirs, put there after us
     return snapshots["before ours"][key]
+
+
+#: Calls whose body is read after ``create`` returned (``with_streaming_response``), or
+#: whose stream is dropped unread: some instrumentations end their span before that.
+EXTRA_CALLS = ("raw-stream", "async-raw-stream", "dropped-stream")
+
+
+def extra_calls(client: openai.OpenAI, async_client: openai.AsyncOpenAI, seed: int) -> None:
+    tracer = trace.get_tracer("coexistence-app")
+    kwargs: dict[str, Any] = {
+        "model": "spec-sim",
+        "messages": MESSAGES,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with (
+        tracer.start_as_current_span("call raw-stream"),
+        client.chat.completions.with_streaming_response.create(
+            **kwargs, extra_headers=headers(seed)
+        ) as response,
+    ):
+        for _ in response.parse():
+            pass
+
+    async def read_async() -> None:
+        async with async_client.chat.completions.with_streaming_response.create(
+            **kwargs, extra_headers=headers(seed + 1)
+        ) as response:
+            async for _ in await response.parse():
+                pass
+        await async_client.close()
+
+    with tracer.start_as_current_span("call async-raw-stream"):
+        asyncio.run(read_async())
+    with tracer.start_as_current_span("call dropped-stream"):
+        stream = client.chat.completions.create(**kwargs, extra_headers=headers(seed + 2))
+        next(iter(stream))
+        del stream
+        gc.collect()
 
 
 def headers(seed: int) -> dict[str, str]:
@@ -165,6 +207,12 @@ def main() -> None:
 
     client = openai.OpenAI(base_url=URL, api_key="sk-test", max_retries=0)
     async_client = openai.AsyncOpenAI(base_url=URL, api_key="sk-test", max_retries=0)
+    if os.environ.get("COEX_EXTRA"):
+        extra_calls(client, async_client, seed=61)
+        client.close()
+        finish(tracer_provider, meter_provider)
+        print(json.dumps(report))
+        return
     sync_calls(client, ("chat", "chat-stream", "completions"), seed=21)
     asyncio.run(async_calls(async_client, seed=31))
 
@@ -188,10 +236,24 @@ def main() -> None:
         report["instrument_client_kept_classes"] = all(now[key] is after[key] for key in now)
 
     client.close()
+    finish(tracer_provider, meter_provider)
+    print(json.dumps(report))
+
+
+def finish(tracer_provider: Any, meter_provider: Any) -> None:
+    """Wait for the ends of the calls whose streams were reclaimed (spec-decode-otel's
+    finalizer thread runs them in order: a marker queued after them runs after them, as
+    in tests/reclaimed.py), then flush."""
+    from spec_decode_otel.instrumentation import finalizer
+
+    gc.collect()
+    done = threading.Event()
+    finalizer.start()
+    finalizer.defer(done.set)
+    assert done.wait(10), "the finalizer thread ended nothing for 10 s"
     if tracer_provider is not None:
         tracer_provider.shutdown()
         meter_provider.shutdown()
-    print(json.dumps(report))
 
 
 if __name__ == "__main__":

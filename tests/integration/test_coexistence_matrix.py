@@ -71,6 +71,18 @@ AFTER_UNINSTRUMENT = "after-uninstrument"
 CLIENT_CALLS = ("client-chat", "client-chat-stream")
 #: Their attributes that differ from run to run whoever is installed: response ids,
 #: timings, and OpenInference's copy of the whole response body (which holds both).
+#: coexistence_app.py's calls whose body is read after ``create`` returned, or whose stream
+#: is dropped unread, by the instrumentations that end their span before we see its end:
+#: OpenLLMetry (0.62.4) ends its span as ``create`` returns a ``with_streaming_response``
+#: and as its stream wrapper is reclaimed; OpenInference (0.1.66) and genai-openai (1.3b0)
+#: as their stream wrappers are reclaimed, before ours. Their ``with_streaming_response``
+#: calls are left out: each drives the response in a way that ends ours before the
+#: user's reads (OpenInference's ``parse()`` in its wrapper, genai-openai's close hook).
+LATE_ENDERS = {
+    "openllmetry": ("raw-stream", "async-raw-stream", "dropped-stream"),
+    "openinference": ("dropped-stream",),
+    "genai-openai": ("dropped-stream",),
+}
 VARYING = frozenset({"gen_ai.response.id", "gen_ai.response.time_to_first_chunk", "output.value"})
 
 
@@ -235,29 +247,30 @@ class Matrix:
     venvs: Path
     workdir: Path
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2))
-    cases: dict[tuple[str, str, str], Future[Case]] = field(default_factory=dict)
+    cases: dict[tuple[str, str, str, bool], Future[Case]] = field(default_factory=dict)
 
     def python(self, other: str) -> str:
         venv = OTHERS[other][0]
         return sys.executable if venv is None else str(self.venvs / venv / "bin" / "python")
 
-    def start(self, other: str, way: str, order: str) -> None:
-        key = (other, way, order)
+    def start(self, other: str, way: str, order: str, extra: bool = False) -> None:
+        key = (other, way, order, extra)
         if key not in self.cases:
-            self.cases[key] = self.pool.submit(self._run, other, way, order)
+            self.cases[key] = self.pool.submit(self._run, other, way, order, extra)
 
-    def run(self, other: str, way: str, order: str) -> Case:
-        self.start(other, way, order)
-        return self.cases[(other, way, order)].result()
+    def run(self, other: str, way: str, order: str, extra: bool = False) -> Case:
+        self.start(other, way, order, extra)
+        return self.cases[(other, way, order, extra)].result()
 
-    def _run(self, other: str, way: str, order: str) -> Case:
+    def _run(self, other: str, way: str, order: str, extra: bool = False) -> Case:
         python = self.python(other)
+        way_dir = f"{way}-extra" if extra else way
         ours = metadata_dir(
-            self.workdir / f"{other}-{way}-{order}-ours",
+            self.workdir / f"{other}-{way_dir}-{order}-ours",
             distribution_files(sys.executable, "spec-decode-otel"),
         )
         theirs = metadata_dir(
-            self.workdir / f"{other}-{way}-{order}-theirs",
+            self.workdir / f"{other}-{way_dir}-{order}-theirs",
             distribution_files(python, OTHERS[other][1]),
         )
         first, second = (theirs, ours) if order.startswith("theirs") else (ours, theirs)
@@ -275,6 +288,8 @@ class Matrix:
             "COEX_ORDER": order,
             "OTLP_ENDPOINT": receiver.endpoint,
         }
+        if extra:
+            env["COEX_EXTRA"] = "1"
         argv = [python, str(APP)]
         if way == "zero-code":
             argv = [str(Path(python).parent / "opentelemetry-instrument"), *argv]
@@ -318,6 +333,10 @@ def matrix(simulator_url: str, coexistence_venvs: Path) -> Iterator[Matrix]:
                     matrix.start(other, way, order)
         for way in WAYS:
             matrix.start("openai-v2", way, "ours-only")
+        for other in LATE_ENDERS:
+            for order in ("theirs-only", *ORDERS):
+                matrix.start(other, "instrument", order, extra=True)
+        matrix.start("openai-v2", "instrument", "ours-only", extra=True)
         try:
             yield matrix
         finally:
@@ -402,3 +421,25 @@ def test_each_other_instrumentation_makes_spans_of_its_own_scope(matrix: Matrix)
     }
     for other in ("genai-openai", "openinference", "openllmetry"):
         assert set(scopes[other]) <= FOREIGN_SCOPES, other
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("other", list(LATE_ENDERS))
+def test_a_record_arriving_after_their_span_ended_is_kept_on_a_span_of_ours(
+    matrix: Matrix, other: str, order: str
+) -> None:
+    """Their span ends before the body is read (or the stream reclaimed), so attributes
+    set on it later are dropped. The record must still land: on their span while it is
+    open, else on a span of ours, a child of theirs, with the figures of ours alone."""
+    case = matrix.run(other, "instrument", order, extra=True)
+    alone = matrix.run(other, "instrument", "theirs-only", extra=True)
+    ours_alone = matrix.run("openai-v2", "instrument", "ours-only", extra=True)
+    for label in LATE_ENDERS[other]:
+        ours = case.ours(label)
+        assert len(ours) == 1, (label, [(s.scope, s.name) for s in case.calls[label]])
+        (alone_span,) = ours_alone.ours(label)
+        assert ours[0].spec_decode == alone_span.spec_decode, label
+        if ours[0].scope == SCOPE_NAME:  # ours: within this call's trace, under its root
+            assert ours[0].parent_id, label
+        assert case.theirs(label) == alone.theirs(label), label
+    assert case.their_metrics() == alone.their_metrics()

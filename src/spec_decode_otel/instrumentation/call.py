@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +75,12 @@ class CallPlan:
     #: usage counts that are Predicted Outputs when the request carried ``prediction``).
     #: Only adapters read it; nothing of it is recorded.
     request: Mapping[str, Any] | None = None
+    #: When enriching: starts a span of ours (a child of ``span``, dated from the given
+    #: ``time_ns``) for a record that arrives after ``span`` ended. Some instrumentations
+    #: end theirs before the body is read (OpenLLMetry 0.62.4 on ``with_raw_response`` /
+    #: ``with_streaming_response`` streams) or as their stream wrapper is reclaimed,
+    #: before ours is: attributes set on an ended span are dropped.
+    late_span: Callable[[int], Span] | None = None
 
 
 class Call:
@@ -83,6 +89,7 @@ class Call:
     def __init__(self, plan: CallPlan) -> None:
         self.plan = plan
         self.started = time.perf_counter()
+        self.started_ns = time.time_ns()
         #: (``perf_counter``, ``time_ns``) when its dropped stream or response was
         #: reclaimed: the end runs later, on the finalizer thread, but is dated then.
         self.reclaimed_at: tuple[float, int] | None = None
@@ -90,6 +97,8 @@ class Call:
         self.pid = os.getpid()
         self._done = False
         self._lock = threading.Lock()
+        #: The span of ours started for a record that outlived the enriched span.
+        self._late_span: Span | None = None
 
     @property
     def requested_sequences(self) -> int:
@@ -198,9 +207,10 @@ class Call:
             end()
         except Exception:
             report_internal_error("call end")
-            if self.plan.own_span:
+            span = self.plan.span if self.plan.own_span else self._late_span
+            if span is not None:
                 try:
-                    self.plan.span.end()
+                    span.end()
                 except Exception:
                     report_internal_error("span.end")
 
@@ -252,7 +262,12 @@ class Call:
         if not read_to_end:
             attrs[SD_READ_TO_END] = False
         error_type = type(error).__qualname__ if error is not None else None
-        if plan.own_span:
+        span, own_span = plan.span, plan.own_span
+        if not own_span and plan.late_span is not None and not span.is_recording():
+            # The enriched span was recording when the call started: it has ended since.
+            span = self._late_span = plan.late_span(self.started_ns)
+            own_span = True
+        if own_span:
             if response_model is not None:
                 attrs[GEN_AI_RESPONSE_MODEL] = response_model
             if input_tokens is not None:
@@ -264,10 +279,9 @@ class Call:
                 attrs[GEN_AI_RESPONSE_FINISH_REASONS] = reasons
             if error_type is not None:
                 attrs[ERROR_TYPE] = error_type
-        span = plan.span
         if span.is_recording():
             span.set_attributes(attrs)
-            if plan.own_span and error_type is not None:
+            if own_span and error_type is not None:
                 span.set_status(Status(StatusCode.ERROR, error_type))
 
         instruments = plan.instruments
@@ -300,7 +314,7 @@ class Call:
             reason=detection.reason,
             engine=record.engine if record is not None else None,
         )
-        if plan.own_span:
+        if own_span:
             span.end(None if reclaimed_at is None else reclaimed_at[1])
 
     def _detect(self, responses: list[ParsedResponse], multi_sequence: bool) -> Detection:

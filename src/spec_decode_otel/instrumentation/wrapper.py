@@ -172,14 +172,25 @@ class Instrumentation:
             and not _already_enriched(current)
             and (settings.mode == "enrich" or (settings.mode == "auto" and foreign))
         )
+        name = f"{operation} {model}" if model else operation
+        late_span: Callable[[int], Span] | None = None
         if enrich:
             span = current
             _mark_enriched(span)
             if user:
                 span.set_attributes(user)
+
+            def late_span(started_ns: int) -> Span:
+                return self.tracer.start_span(
+                    name,
+                    context=trace.set_span_in_context(current, parent),
+                    kind=SpanKind.CLIENT,
+                    attributes={**span_attrs, **user},
+                    start_time=start_time if start_time is not None else started_ns,
+                )
         else:
             span = self.tracer.start_span(
-                f"{operation} {model}" if model else operation,
+                name,
                 context=parent,
                 kind=SpanKind.CLIENT,
                 attributes={**span_attrs, **user},
@@ -198,6 +209,7 @@ class Instrumentation:
             streaming=streaming,
             include_usage=include_usage,
             context=trace.set_span_in_context(span, parent),
+            late_span=late_span,
         )
 
     def _amend(self, options: Any, body: Mapping[str, Any], streaming: bool) -> tuple[Any, bool]:

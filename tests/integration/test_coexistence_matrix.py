@@ -83,6 +83,14 @@ LATE_ENDERS = {
     "openinference": ("dropped-stream",),
     "genai-openai": ("dropped-stream",),
 }
+#: coexistence_app.py's extra calls, in the order it makes them.
+EXTRA_CALLS = ("raw-stream", "async-raw-stream", "dropped-stream")
+#: The scope each other instrumentation records its metrics under.
+OTHER_SCOPES = {
+    "openllmetry": "opentelemetry.instrumentation.openai.v1",
+    "openinference": "openinference.instrumentation.openai",
+    "genai-openai": "opentelemetry.instrumentation.genai.openai",
+}
 VARYING = frozenset({"gen_ai.response.id", "gen_ai.response.time_to_first_chunk", "output.value"})
 
 
@@ -288,8 +296,8 @@ class Matrix:
             "COEX_ORDER": order,
             "OTLP_ENDPOINT": receiver.endpoint,
         }
-        if extra:
-            env["COEX_EXTRA"] = "1"
+        if extra:  # and the GenAI client metrics opted in
+            env |= {"COEX_EXTRA": "1", "SPEC_DECODE_OTEL_GENAI_METRICS": "true"}
         argv = [python, str(APP)]
         if way == "zero-code":
             argv = [str(Path(python).parent / "opentelemetry-instrument"), *argv]
@@ -442,4 +450,26 @@ def test_a_record_arriving_after_their_span_ended_is_kept_on_a_span_of_ours(
         if ours[0].scope == SCOPE_NAME:  # ours: within this call's trace, under its root
             assert ours[0].parent_id, label
         assert case.theirs(label) == alone.theirs(label), label
+    assert case.their_metrics() == alone.their_metrics()
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("other", list(LATE_ENDERS))
+def test_opted_in_genai_metrics_count_each_call_once_in_either_load_order(
+    matrix: Matrix, other: str, order: str
+) -> None:
+    """With ``genai_metrics`` on, each call's GenAI client metrics are recorded once: by
+    the other instrumentation when it records them (OpenLLMetry 0.62.4 and genai-openai
+    1.3b0 do), else by us. OpenInference (openinference-instrumentation-openai 0.1.66)
+    records no metrics, so ours must not be left to it when its span is the one enriched
+    (loaded after us), as they are not when ours is its own span (loaded before us)."""
+    case = matrix.run(other, "instrument", order, extra=True)
+    alone = matrix.run(other, "instrument", "theirs-only", extra=True)
+    duration = "gen_ai.client.operation.duration"
+    theirs = alone.their_metrics().get((OTHER_SCOPES[other], duration), 0)
+    ours = case.metrics.get((SCOPE_NAME, duration), 0)
+    if other == "openinference":
+        assert (ours, theirs) == (len(EXTRA_CALLS), 0)
+    else:
+        assert ours == 0 and theirs > 0
     assert case.their_metrics() == alone.their_metrics()

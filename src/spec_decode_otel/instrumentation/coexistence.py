@@ -28,6 +28,9 @@ FOREIGN_SCOPES = frozenset(
     }
 )
 _LLM_OPERATIONS = frozenset({"chat", "text_completion"})
+#: OpenInference records no metrics (openinference-instrumentation-openai 0.1.66): the
+#: GenAI client metrics of a call whose span is theirs are ours to record, if opted in.
+_NO_METRICS_SCOPE_PREFIX = "openinference."
 
 
 def is_foreign_genai_span(span: Span) -> bool:
@@ -44,3 +47,15 @@ def is_foreign_genai_span(span: Span) -> bool:
         or attrs.get("llm.request.type") in ("chat", "completion")
         or attrs.get("openinference.span.kind") == "LLM"
     )
+
+
+def records_genai_metrics(span: Span) -> bool:
+    """True when the instrumentation of ``span`` (a foreign GenAI span) records the GenAI
+    client metrics of its call itself: openai-v2, genai-openai and OpenLLMetry do,
+    OpenInference does not."""
+    scope = getattr(span, "instrumentation_scope", None)
+    name = getattr(scope, "name", None)
+    if isinstance(name, str) and name.startswith(_NO_METRICS_SCOPE_PREFIX):
+        return False
+    attrs: Any = getattr(span, "attributes", None) or {}
+    return "openinference.span.kind" not in attrs

@@ -28,7 +28,10 @@ from spec_decode_otel._logging import report_internal_error
 from spec_decode_otel.adapters.protocol import request_fields
 from spec_decode_otel.adapters.registry import registered_adapters
 from spec_decode_otel.instrumentation.call import Call, CallPlan
-from spec_decode_otel.instrumentation.coexistence import is_foreign_genai_span
+from spec_decode_otel.instrumentation.coexistence import (
+    is_foreign_genai_span,
+    records_genai_metrics,
+)
 from spec_decode_otel.instrumentation.genai_metrics import GenAiMetrics
 from spec_decode_otel.instrumentation.responses import wrap_result
 from spec_decode_otel.instrumentation.settings import Settings
@@ -201,7 +204,11 @@ class Instrumentation:
             span=span,
             own_span=not enrich,
             metric_attributes=metric_attrs,
-            genai_metrics=None if enrich and foreign else self.genai_metrics,
+            genai_metrics=(
+                None
+                if enrich and foreign and records_genai_metrics(current)
+                else self.genai_metrics
+            ),
             per_step_max_length=settings.per_step_max_length if settings.record_per_step else None,
             requested_sequences=requested_sequences,
             request=request,

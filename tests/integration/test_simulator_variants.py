@@ -173,12 +173,6 @@ def test_trtllm_n2_per_choice(openai_client):
         assert s["num_spec_steps"] + s["total_accepted_draft_tokens"] + 1 == 40
 
 
-def test_llamacpp_refuses_n2(openai_client):
-    with pytest.raises(openai.BadRequestError) as info:
-        chat(openai_client, "llamacpp", n=2)
-    assert info.value.body["message"] == "Only one completion choice is allowed"
-
-
 # --- SGLang request flags ---------------------------------------------------------------
 
 

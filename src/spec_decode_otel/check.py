@@ -259,14 +259,17 @@ def _request(
 
 def _fix_for(body: Any) -> str | None:
     """The one switch to name when the body shows which engine answered without stats:
-    vLLM's per-request ``metrics`` whose ``speculative_decoding`` is null (0.34.0: the
-    server runs without a speculative config, or without per-request spec-decode
-    metrics), or ``timings`` without draft counts (llama.cpp sends them only for a reply
-    it drafted for; mlx-vlm sends null ones without a drafter)."""
+    vLLM's per-request ``metrics`` null, or with ``speculative_decoding`` null (0.34.0:
+    the server runs without a speculative config, or without per-request spec-decode
+    metrics; ``metrics`` is null unless its timing fields are on too), or ``timings``
+    without draft counts (llama.cpp sends them only for a reply it drafted for; mlx-vlm
+    sends null ones without a drafter)."""
     if not isinstance(body, Mapping):
         return None
     metrics, timings = body.get("metrics"), body.get("timings")
-    if isinstance(metrics, Mapping) and not metrics.get("speculative_decoding"):
+    if ("metrics" in body and metrics is None) or (
+        isinstance(metrics, Mapping) and not metrics.get("speculative_decoding")
+    ):
         return (
             "The server sends vLLM's per-request metrics without speculative_decoding: "
             "start vLLM with --speculative-config and --per-request-spec-decode-metrics summary"

@@ -24,6 +24,7 @@ from instrumentation_helpers import Otel
 
 import spec_decode_otel
 from check_command import COMMAND, PROBES, run_check
+from simulator_process import SimulatorProcess
 from spec_decode_otel.instrumentation.hints import TURN_STATS_ON, hints
 
 
@@ -106,6 +107,28 @@ def test_check_names_vllms_switch_when_its_metrics_come_without_spec_decoding(
     assert [lines[p] for p in PROBES] == ["no_stats"] * 3
     said = " ".join(out.split())
     assert "sends vLLM's per-request metrics without speculative_decoding" in said
+    assert "--speculative-config and --per-request-spec-decode-metrics summary" in said
+    assert TURN_STATS_ON not in said
+    assert status == 1
+
+
+def test_check_names_vllms_switch_when_its_metrics_are_null() -> None:
+    """vLLM 0.34.0 on its default flags (no ``--enable-per-request-metrics``) and without
+    spec-decode stats answers ``"metrics": null``: ``chat_completion/serving.py`` builds a
+    ``PerRequestMetrics`` only for timing metrics or spec-decode stats, and the body is
+    dumped with its nulls. The most common way to miss the stats, so the command names
+    vLLM's switches rather than every engine's. The simulator runs as that server
+    (``--no-vllm-timing-metrics``, level none)."""
+    with SimulatorProcess(["--no-vllm-timing-metrics"]) as sim:
+        status, lines, out = check(
+            sim.base_url,
+            "--header",
+            "x-spec-decode-engine: vllm",
+            "--header",
+            "x-spec-decode-level: none",
+        )
+    assert [lines[p] for p in PROBES] == ["no_stats"] * 3
+    said = " ".join(out.split())
     assert "--speculative-config and --per-request-spec-decode-metrics summary" in said
     assert TURN_STATS_ON not in said
     assert status == 1

@@ -511,12 +511,16 @@ def _instrumented_calls(
     *,
     delta: bool = False,
     pause: float = 0.0,
+    first_scraped: bool = False,
 ) -> None:
     """``calls`` chat completions (every other one streamed) to ``base_url`` from a client
     instrumented with its own providers (service ``service``), exported over OTLP/gRPC to
     the stack; returns once Prometheus has counted them all. ``delta``: the exporter
     prefers delta temporality, as OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta
-    makes it; ``pause``: seconds between calls."""
+    makes it; ``pause``: seconds between calls; ``first_scraped``: the other calls wait
+    until Prometheus has counted the first, so ``rate()`` over the series sees them (a
+    series whose first sample already holds every call has a rate of 0, and
+    ``histogram_quantile`` of zero rates is NaN)."""
     import openai
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider, ObservableCounter
@@ -557,15 +561,22 @@ def _instrumented_calls(
                 else:
                     create(model=model, messages=messages)
                 time.sleep(pause)
+                if first_scraped and i == 0:
+                    _wait_for_count(meter_provider, prom, service, 1)
     finally:
         instrumentor.uninstrument()
+    _wait_for_count(meter_provider, prom, service, calls)
+    meter_provider.shutdown()
+    tracer_provider.shutdown()
+
+
+def _wait_for_count(meter_provider: Any, prom: httpx.Client, service: str, calls: int) -> None:
+    """Flush, then wait (up to 30 s) until Prometheus counts ``calls`` requests of ``service``."""
     assert meter_provider.force_flush(10_000)
     deadline = time.monotonic() + 30
     query = f'sum(spec_decode_requests_total{{job="{service}"}})'
     while time.monotonic() < deadline and prom_scalar(prom, query) != calls:
         time.sleep(0.25)
-    meter_provider.shutdown()
-    tracer_provider.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -618,7 +629,9 @@ def nothing_accepted(e2e_stack: Stack, prom: httpx.Client) -> str:
     server.start()
     service = f"sdo-e2e-rejected-{uuid.uuid4().hex[:8]}"
     try:
-        _instrumented_calls(e2e_stack, prom, server.base_url, service, "rejected", 10)
+        _instrumented_calls(
+            e2e_stack, prom, server.base_url, service, "rejected", 10, first_scraped=True
+        )
     finally:
         server.stop()
     return service

@@ -90,36 +90,19 @@ def test_check_on_a_server_without_stats_says_how_to_turn_them_on_and_fails(
     assert status == 1
 
 
-def test_check_names_vllms_switch_when_its_metrics_come_without_spec_decoding(
-    simulator_url: str,
+@pytest.mark.parametrize("timing_metrics", [True, False], ids=["timing-metrics", "default-flags"])
+def test_check_names_vllms_switches_when_its_metrics_carry_no_spec_decoding(
+    timing_metrics: bool,
 ) -> None:
-    """The simulator's vLLM shape at level none, as vLLM 0.34.0 answers without a
-    speculative config: root ``metrics`` with timing fields and ``speculative_decoding``
-    null. Every call is no_stats, and the command names vLLM's two switches instead of
-    every engine's."""
-    status, lines, out = check(
-        simulator_url,
-        "--header",
-        "x-spec-decode-engine: vllm",
-        "--header",
-        "x-spec-decode-level: none",
-    )
-    assert [lines[p] for p in PROBES] == ["no_stats"] * 3
-    said = " ".join(out.split())
-    assert "sends vLLM's per-request metrics without speculative_decoding" in said
-    assert "--speculative-config and --per-request-spec-decode-metrics summary" in said
-    assert TURN_STATS_ON not in said
-    assert status == 1
-
-
-def test_check_names_vllms_switch_when_its_metrics_are_null() -> None:
-    """vLLM 0.34.0 on its default flags (no ``--enable-per-request-metrics``) and without
-    spec-decode stats answers ``"metrics": null``: ``chat_completion/serving.py`` builds a
-    ``PerRequestMetrics`` only for timing metrics or spec-decode stats, and the body is
-    dumped with its nulls. The most common way to miss the stats, so the command names
-    vLLM's switches rather than every engine's. The simulator runs as that server
-    (``--no-vllm-timing-metrics``, level none)."""
-    with SimulatorProcess(["--no-vllm-timing-metrics"]) as sim:
+    """vLLM 0.34.0 without a speculative config (the simulator's vLLM shape at level
+    none): with ``--enable-per-request-metrics``, root ``metrics`` with timing fields and
+    ``speculative_decoding`` null; on its default flags, ``"metrics": null``
+    (``chat_completion/serving.py`` builds a ``PerRequestMetrics`` only for timing
+    metrics or spec-decode stats, and the body is dumped with its nulls; the simulator's
+    ``--no-vllm-timing-metrics``). Every call is no_stats, and the command names vLLM's
+    two switches instead of every engine's."""
+    flag = "--vllm-timing-metrics" if timing_metrics else "--no-vllm-timing-metrics"
+    with SimulatorProcess([flag]) as sim:
         status, lines, out = check(
             sim.base_url,
             "--header",
@@ -129,6 +112,7 @@ def test_check_names_vllms_switch_when_its_metrics_are_null() -> None:
         )
     assert [lines[p] for p in PROBES] == ["no_stats"] * 3
     said = " ".join(out.split())
+    assert "sends vLLM's per-request metrics without speculative_decoding" in said
     assert "--speculative-config and --per-request-spec-decode-metrics summary" in said
     assert TURN_STATS_ON not in said
     assert status == 1

@@ -75,9 +75,10 @@ def expected(key: str, snapshots: dict[str, dict[str, Any]], current: dict[str, 
     return snapshots["before ours"][key]
 
 
-#: Calls whose body is read after ``create`` returned (``with_streaming_response``), or
-#: whose stream is dropped unread: some instrumentations end their span before that.
-EXTRA_CALLS = ("raw-stream", "async-raw-stream", "dropped-stream")
+#: Calls whose body is read after ``create`` returned (``with_streaming_response``,
+#: ``with_raw_response``), or whose stream is dropped unread: some instrumentations end
+#: their span before that.
+EXTRA_CALLS = ("raw-stream", "async-raw-stream", "dropped-stream", "raw-response-stream")
 
 
 def extra_calls(client: openai.OpenAI, async_client: openai.AsyncOpenAI, seed: int) -> None:
@@ -112,6 +113,12 @@ def extra_calls(client: openai.OpenAI, async_client: openai.AsyncOpenAI, seed: i
         next(iter(stream))
         del stream
         gc.collect()
+    with tracer.start_as_current_span("call raw-response-stream"):
+        raw = client.chat.completions.with_raw_response.create(
+            **kwargs, extra_headers=headers(seed + 3)
+        )
+        for _ in raw.parse():
+            pass
 
 
 def headers(seed: int) -> dict[str, str]:

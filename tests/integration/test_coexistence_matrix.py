@@ -76,15 +76,20 @@ CLIENT_CALLS = ("client-chat", "client-chat-stream")
 #: OpenLLMetry (0.62.4) ends its span as ``create`` returns a ``with_streaming_response``
 #: and as its stream wrapper is reclaimed; OpenInference (0.1.66) and genai-openai (1.3b0)
 #: as their stream wrappers are reclaimed, before ours. Their ``with_streaming_response``
-#: calls are left out: each drives the response in a way that ends ours before the
-#: user's reads (OpenInference's ``parse()`` in its wrapper, genai-openai's close hook).
+#: and ``with_raw_response`` streams are read to the end although each drives the
+#: response itself: genai-openai (1.3b0) closes our stream from its hook on the HTTP
+#: response's ``close``, which the SDK's stream calls from inside our ``__next__`` as it
+#: reaches the end; OpenInference (0.1.66) loaded after us calls ``parse()`` in its
+#: wrapper and puts its own stream in the response's parse cache, which the user's
+#: ``parse()`` then returns.
+READ_AFTER_CREATE = ("raw-stream", "async-raw-stream", "raw-response-stream")
 LATE_ENDERS = {
-    "openllmetry": ("raw-stream", "async-raw-stream", "dropped-stream"),
-    "openinference": ("dropped-stream",),
-    "genai-openai": ("dropped-stream",),
+    "openllmetry": (*READ_AFTER_CREATE, "dropped-stream"),
+    "openinference": (*READ_AFTER_CREATE, "dropped-stream"),
+    "genai-openai": (*READ_AFTER_CREATE, "dropped-stream"),
 }
 #: coexistence_app.py's extra calls, in the order it makes them.
-EXTRA_CALLS = ("raw-stream", "async-raw-stream", "dropped-stream")
+EXTRA_CALLS = ("raw-stream", "async-raw-stream", "dropped-stream", "raw-response-stream")
 #: The scope each other instrumentation records its metrics under.
 OTHER_SCOPES = {
     "openllmetry": "opentelemetry.instrumentation.openai.v1",
@@ -473,3 +478,43 @@ def test_opted_in_genai_metrics_count_each_call_once_in_either_load_order(
     else:
         assert ours == 0 and theirs > 0
     assert case.their_metrics() == alone.their_metrics()
+
+
+def assert_read_streams_recorded(matrix: Matrix, other: str, order: str) -> None:
+    """Each stream of ``READ_AFTER_CREATE`` the app reads to its end ends as read to the
+    end, with the figures of ours alone (``recorded``), on exactly one span."""
+    case = matrix.run(other, "instrument", order, extra=True)
+    ours_alone = matrix.run("openai-v2", "instrument", "ours-only", extra=True)
+    for label in READ_AFTER_CREATE:
+        ours = case.ours(label)
+        assert len(ours) == 1, (label, [(s.scope, s.name) for s in case.calls[label]])
+        (alone_span,) = ours_alone.ours(label)
+        assert alone_span.spec_decode["spec_decode.outcome"] == "recorded", label
+        assert "spec_decode.read_to_end" not in ours[0].spec_decode, label
+        assert ours[0].spec_decode == alone_span.spec_decode, label
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_genai_openai_closing_our_stream_from_inside_its_last_read_still_ends_it_read(
+    matrix: Matrix, order: str
+) -> None:
+    """genai-openai (opentelemetry-instrumentation-genai-openai 1.3b0, _raw_response.py)
+    hooks the HTTP response's ``close`` of a ``with_raw_response`` /
+    ``with_streaming_response`` stream and closes its stream wrapper, so ours, from it.
+    The SDK's stream (openai 3.63.0, _streaming.py) closes the response in its iterator's
+    ``finally``: inside our ``__next__``, before the end of the stream reaches us. That
+    close must not end a stream the user reads to its end as stopped early."""
+    assert_read_streams_recorded(matrix, "genai-openai", order)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_openinference_parsing_in_its_wrapper_leaves_the_users_stream_recorded(
+    matrix: Matrix, order: str
+) -> None:
+    """OpenInference (openinference-instrumentation-openai 0.1.66, _request.py
+    ``_finalize_response``), loaded after us, wraps ours: it calls ``parse()`` on the
+    response we return, then puts its own stream (wrapping the SDK's) in the response's
+    parse cache, which the user's ``parse()`` then returns. The stream our first
+    ``parse()`` made is never read; the user's chunks must still end the call, read to
+    the end, with its record."""
+    assert_read_streams_recorded(matrix, "openinference", order)

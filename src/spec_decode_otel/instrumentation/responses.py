@@ -246,6 +246,15 @@ class _BodyState:
         self.raw: RawBody | None = None
 
 
+def _same_kind(earlier: Any, parsed: Any) -> bool:
+    """``earlier`` is our proxy of a stream, and ``parsed`` a stream of the same kind."""
+    from openai import AsyncStream, Stream
+
+    if isinstance(earlier, SyncStreamProxy):
+        return isinstance(parsed, Stream)
+    return isinstance(earlier, AsyncStreamProxy) and isinstance(parsed, AsyncStream)
+
+
 class _RawResponseProxy(CopiedLikeTheSdk):
     def __init__(
         self,
@@ -274,8 +283,20 @@ class _RawResponseProxy(CopiedLikeTheSdk):
     def _observe_parsed(self, parsed: Any) -> Any:
         state = self._self_state
         try:
-            if state.parsed is not None and state.parsed[0] is parsed:
-                return state.parsed[1]
+            if state.parsed is not None:
+                earlier_parsed, earlier = state.parsed
+                if earlier_parsed is parsed:
+                    return earlier
+                if _same_kind(earlier, parsed):
+                    # Another stream over the same body: something replaced the SDK's
+                    # parse cache after an earlier parse() (OpenInference 0.1.66, loaded
+                    # after us, parses in its wrapper and caches its own stream wrapping
+                    # the SDK's). Watched by the same observer, whatever the user reads of
+                    # it ends the call; the earlier proxy, kept alive by this one, ends
+                    # nothing when reclaimed first.
+                    result = earlier._twin(parsed)
+                    state.parsed = (parsed, result)
+                    return result
             result = wrap_parsed(self._self_call, parsed, self._self_hide_usage)
             state.parsed = (parsed, result)
             return result

@@ -15,6 +15,13 @@ hands those over, and the ``Call`` counts only an ``Exception`` as a failure.
 The span is never made current while the user iterates: between chunks the caller's own
 context is in force.
 
+A stop that arrives from inside one of our own reads (the same thread or task, while the
+SDK's stream is producing the next chunk) waits for that read: the SDK's stream closes its
+HTTP response in its iterator's ``finally`` as it reaches the end, and an instrumentation
+hooked on that close (genai-openai 1.3b0) closes our proxy from there. The read then ends
+the call: read to the end on ``StopIteration``, failed on an error, stopped early after a
+chunk it hands over.
+
 ``copy.copy()`` of a proxy copies what it wraps the way the SDK does (a shallow copy: the
 same stream, its iterator and response shared) and watches the copy with the same
 observer, so the call still ends once; ``copy.deepcopy()`` and ``pickle`` do exactly what
@@ -23,8 +30,10 @@ they do to the SDK's object (see :class:`CopiedLikeTheSdk`).
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import functools
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -59,6 +68,23 @@ class StreamObserver:
         self.first_at: float | None = None
         self.model: str | None = None
         self.multi = False
+        #: The thread or task whose read of the SDK's stream is in progress, if any.
+        self._reader: Any = None
+        #: A stop arrived from inside that read: the read's end ends the call.
+        self._stop_pending = False
+
+    def read_starts(self, reader: Any) -> None:
+        """One of our reads of the SDK's stream starts, by ``reader``: the thread's id for
+        a sync stream, the running task for an async one."""
+        self._reader = reader
+        self._stop_pending = False
+
+    def read_ends(self) -> bool:
+        """That read returned or raised; True when a stop arrived from inside it (the
+        caller then ends the call the way the read ended)."""
+        self._reader = None
+        stopped, self._stop_pending = self._stop_pending, False
+        return stopped
 
     def observe(self, chunk: Any) -> bool:
         """Note one chunk; True when the user gets it (all but our injected usage chunk).
@@ -190,7 +216,13 @@ class StreamObserver:
         self._finish(read_to_end=False, error=error)
 
     def on_stop(self) -> None:
-        """Closed, exited or collected: before its end, unless ``on_end`` came first."""
+        """Closed, exited or collected: before its end, unless ``on_end`` came first.
+
+        From inside one of our reads (same thread or task), it waits for that read."""
+        reader = self._reader
+        if reader is not None and (reader == threading.get_ident() or reader is _current_task()):
+            self._stop_pending = True
+            return
         self._finish(read_to_end=False)
 
     def _finish(self, *, read_to_end: bool, error: BaseException | None = None) -> None:
@@ -208,6 +240,14 @@ class StreamObserver:
             error=error,
         )
         self.kept.clear()  # the user may keep the proxy: it no longer keeps their chunks
+
+
+def _current_task() -> Any:
+    """The running asyncio task; None outside one."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running event loop
+        return None
 
 
 def _is_terminal(kind: Any) -> bool:
@@ -337,8 +377,21 @@ class SyncStreamProxy(_StreamProxyBase):
         # user stopped reading, for as long as a ``for`` loop holds the generator.
         observer = self._self_observer
         try:
-            for chunk in source:
-                if observer.observe(chunk):
+            while True:
+                observer.read_starts(threading.get_ident())
+                try:
+                    chunk = next(source)
+                except StopIteration:
+                    observer.read_ends()
+                    break
+                except BaseException:
+                    observer.read_ends()
+                    raise
+                stopped = observer.read_ends()
+                shown = observer.observe(chunk)
+                if stopped:
+                    observer.on_stop()
+                if shown:
                     yield chunk
         except GeneratorExit:
             raise  # the loop stopped early: close/exit/GC of the proxy ends the call
@@ -350,15 +403,22 @@ class SyncStreamProxy(_StreamProxyBase):
     def __next__(self) -> Any:
         observer = self._self_observer
         while True:
+            observer.read_starts(threading.get_ident())
             try:
                 chunk = self.__wrapped__.__next__()
             except StopIteration:
+                observer.read_ends()
                 observer.on_end()
                 raise
             except BaseException as exc:
+                observer.read_ends()
                 observer.on_error(exc)
                 raise
-            if observer.observe(chunk):
+            stopped = observer.read_ends()
+            shown = observer.observe(chunk)
+            if stopped:
+                observer.on_stop()
+            if shown:
                 return chunk
 
     def close(self) -> None:
@@ -387,8 +447,21 @@ class AsyncStreamProxy(_StreamProxyBase):
     async def _observed(self, source: AsyncIterator[Any]) -> AsyncIterator[Any]:
         observer = self._self_observer
         try:
-            async for chunk in source:
-                if observer.observe(chunk):
+            while True:
+                observer.read_starts(_current_task())
+                try:
+                    chunk = await source.__anext__()
+                except StopAsyncIteration:
+                    observer.read_ends()
+                    break
+                except BaseException:
+                    observer.read_ends()
+                    raise
+                stopped = observer.read_ends()
+                shown = observer.observe(chunk)
+                if stopped:
+                    observer.on_stop()
+                if shown:
                     yield chunk
         except GeneratorExit:
             raise
@@ -400,15 +473,22 @@ class AsyncStreamProxy(_StreamProxyBase):
     async def __anext__(self) -> Any:
         observer = self._self_observer
         while True:
+            observer.read_starts(_current_task())
             try:
                 chunk = await self.__wrapped__.__anext__()
             except StopAsyncIteration:
+                observer.read_ends()
                 observer.on_end()
                 raise
             except BaseException as exc:
+                observer.read_ends()
                 observer.on_error(exc)
                 raise
-            if observer.observe(chunk):
+            stopped = observer.read_ends()
+            shown = observer.observe(chunk)
+            if stopped:
+                observer.on_stop()
+            if shown:
                 return chunk
 
     async def close(self) -> None:

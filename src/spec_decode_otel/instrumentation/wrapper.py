@@ -204,10 +204,10 @@ class Instrumentation:
             span=span,
             own_span=not enrich,
             metric_attributes=metric_attrs,
+            # The other instrumentation's span is this call's: it records the call's GenAI
+            # metrics, whether we enrich that span or (mode "span") start our own.
             genai_metrics=(
-                None
-                if enrich and foreign and records_genai_metrics(current)
-                else self.genai_metrics
+                None if foreign and records_genai_metrics(current) else self.genai_metrics
             ),
             per_step_max_length=settings.per_step_max_length if settings.record_per_step else None,
             requested_sequences=requested_sequences,

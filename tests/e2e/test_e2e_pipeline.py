@@ -469,15 +469,7 @@ def test_token_weighted_acceptance_length_counts_only_requests_with_verify_steps
     assert llamacpp, "no accepted drafts from the llama.cpp server"
     want = 1 + sum(int(j) * n for j, n in steps.items()) / sum(steps.values())
 
-    variables = {
-        "service": reconciliation.service,
-        "model": ".*",
-        "engine": ".*",
-        "server": ".*",
-        "dimension": "job",
-        "__rate_interval": "5m",
-        "__range": "10m",
-    }
+    variables = _all_of(reconciliation.service, rate_interval="5m", range_="10m")
     checked = []
     for panel, target in _targets(_dashboard()):
         expr = target["expr"]
@@ -570,6 +562,19 @@ def _instrumented_calls(
     tracer_provider.shutdown()
 
 
+def _all_of(service: str, *, rate_interval: str, range_: str) -> dict[str, str]:
+    """The dashboard's variables for every model, engine and server of ``service``."""
+    return {
+        "service": service,
+        "model": ".*",
+        "engine": ".*",
+        "server": ".*",
+        "dimension": "job",
+        "__rate_interval": rate_interval,
+        "__range": range_,
+    }
+
+
 def _wait_for_count(meter_provider: Any, prom: httpx.Client, service: str, calls: int) -> None:
     """Flush, then wait (up to 30 s) until Prometheus counts ``calls`` requests of ``service``."""
     assert meter_provider.force_flush(10_000)
@@ -652,15 +657,7 @@ def test_acceptance_length_quantiles_never_go_below_one(
         10.0,
         "ten requests at acceptance length 1",
     )
-    variables = {
-        "service": service,
-        "model": ".*",
-        "engine": ".*",
-        "server": ".*",
-        "dimension": "job",
-        "__rate_interval": "1h",
-        "__range": "1h",
-    }
+    variables = _all_of(service, rate_interval="1h", range_="1h")
     exprs = [
         (f"{p['title']!r} {t['refId']}", _substitute(t["expr"], variables))
         for p, t in _targets(_dashboard())
@@ -788,15 +785,7 @@ def test_draft_acceptance_rate_counts_only_accepted_drafts_with_a_drafted_count(
     finally:
         provider.shutdown()
 
-    variables = {
-        "service": service,
-        "model": ".*",
-        "engine": ".*",
-        "server": ".*",
-        "dimension": "job",
-        "__rate_interval": "5m",
-        "__range": "10m",
-    }
+    variables = _all_of(service, rate_interval="5m", range_="10m")
     checked = []
     for panel, target in _targets(_dashboard()):
         expr = target["expr"]

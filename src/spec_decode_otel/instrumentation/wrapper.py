@@ -254,15 +254,7 @@ class Instrumentation:
         if started is None:
             return wrapped(*args, **kwargs)
         call, args, kwargs, hide_usage = started
-        token = _attach(call.plan)
-        try:
-            result = wrapped(*args, **kwargs)
-        except BaseException as exc:
-            call.finish_error(exc)
-            raise
-        finally:
-            _detach(token)
-        return wrap_result(call, result, hide_usage)
+        return wrap_result(call, send_within(call, wrapped, args, kwargs), hide_usage)
 
     async def async_request(
         self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: Any
@@ -271,14 +263,7 @@ class Instrumentation:
         if started is None:
             return await wrapped(*args, **kwargs)
         call, args, kwargs, hide_usage = started
-        token = _attach(call.plan)
-        try:
-            result = await wrapped(*args, **kwargs)
-        except BaseException as exc:
-            call.finish_error(exc)
-            raise
-        finally:
-            _detach(token)
+        result = await send_within_async(call, wrapped, args, kwargs)
         return wrap_result(call, result, hide_usage)
 
     def _begin(
@@ -355,6 +340,35 @@ def _inject_trace_context(options: Any, span: Span) -> Any:
     options = options.model_copy()
     options.headers = {**headers, **carrier}
     return options
+
+
+def send_within(
+    call: Call, send: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> Any:
+    """``send(*args, **kwargs)`` (the client sending ``call``'s request) with the call's
+    span current; a failure ends the call with its error and reaches the caller as is."""
+    token = _attach(call.plan)
+    try:
+        return send(*args, **kwargs)
+    except BaseException as exc:
+        call.finish_error(exc)
+        raise
+    finally:
+        _detach(token)
+
+
+async def send_within_async(
+    call: Call, send: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> Any:
+    """:func:`send_within` for a coroutine function."""
+    token = _attach(call.plan)
+    try:
+        return await send(*args, **kwargs)
+    except BaseException as exc:
+        call.finish_error(exc)
+        raise
+    finally:
+        _detach(token)
 
 
 def _attach(plan: CallPlan) -> object | None:

@@ -64,9 +64,9 @@ from spec_decode_otel.instrumentation.call import Call
 from spec_decode_otel.instrumentation.streams import StreamObserver
 from spec_decode_otel.instrumentation.wrapper import (
     Instrumentation,
-    _attach,
-    _detach,
     _requested_sequences,
+    send_within,
+    send_within_async,
 )
 from spec_decode_otel.integrations._litellm_kwargs import request_kept
 from spec_decode_otel.sse import decode_json
@@ -278,14 +278,7 @@ def _sync_send(
     call = _send_call(instrumentation, instance, _sent(args, kwargs), "sync_chat")
     if call is None:
         return wrapped(*args, **kwargs)
-    token = _attach(call.plan)
-    try:
-        response = wrapped(*args, **kwargs)
-    except BaseException as exc:
-        call.finish_error(exc)
-        raise
-    finally:
-        _detach(token)
+    response = send_within(call, wrapped, args, kwargs)
     _end(call, instance, response)
     return response
 
@@ -300,14 +293,7 @@ async def _async_send(
     call = _send_call(instrumentation, instance, _sent(args, kwargs), "async_chat")
     if call is None:
         return await wrapped(*args, **kwargs)
-    token = _attach(call.plan)
-    try:
-        response = await wrapped(*args, **kwargs)
-    except BaseException as exc:
-        call.finish_error(exc)
-        raise
-    finally:
-        _detach(token)
+    response = await send_within_async(call, wrapped, args, kwargs)
     _end(call, instance, response)
     return response
 

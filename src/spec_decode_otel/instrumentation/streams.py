@@ -75,16 +75,20 @@ class StreamObserver:
 
     def read_starts(self, reader: Any) -> None:
         """One of our reads of the SDK's stream starts, by ``reader``: the thread's id for
-        a sync stream, the running task for an async one."""
+        a sync stream, the running task for an async one. A read that ends the stream or
+        raises ends the call (``on_end``/``on_error``, which forget the reader)."""
         self._reader = reader
         self._stop_pending = False
 
-    def read_ends(self) -> bool:
-        """That read returned or raised; True when a stop arrived from inside it (the
-        caller then ends the call the way the read ended)."""
+    def read_returned(self, chunk: Any) -> bool:
+        """That read returned ``chunk``: noted, and True when the user gets it. A stop
+        that arrived from inside the read ends the call now, after the chunk."""
         self._reader = None
-        stopped, self._stop_pending = self._stop_pending, False
-        return stopped
+        shown = self.observe(chunk)
+        if self._stop_pending:
+            self._stop_pending = False
+            self._finish(read_to_end=False)
+        return shown
 
     def observe(self, chunk: Any) -> bool:
         """Note one chunk; True when the user gets it (all but our injected usage chunk).
@@ -226,6 +230,7 @@ class StreamObserver:
         self._finish(read_to_end=False)
 
     def _finish(self, *, read_to_end: bool, error: BaseException | None = None) -> None:
+        self._reader = None
         if self.call.done:
             return
         # Cleared only after the call has ended (whichever thread ended it): a close from
@@ -382,16 +387,8 @@ class SyncStreamProxy(_StreamProxyBase):
                 try:
                     chunk = next(source)
                 except StopIteration:
-                    observer.read_ends()
                     break
-                except BaseException:
-                    observer.read_ends()
-                    raise
-                stopped = observer.read_ends()
-                shown = observer.observe(chunk)
-                if stopped:
-                    observer.on_stop()
-                if shown:
+                if observer.read_returned(chunk):
                     yield chunk
         except GeneratorExit:
             raise  # the loop stopped early: close/exit/GC of the proxy ends the call
@@ -407,18 +404,12 @@ class SyncStreamProxy(_StreamProxyBase):
             try:
                 chunk = self.__wrapped__.__next__()
             except StopIteration:
-                observer.read_ends()
                 observer.on_end()
                 raise
             except BaseException as exc:
-                observer.read_ends()
                 observer.on_error(exc)
                 raise
-            stopped = observer.read_ends()
-            shown = observer.observe(chunk)
-            if stopped:
-                observer.on_stop()
-            if shown:
+            if observer.read_returned(chunk):
                 return chunk
 
     def close(self) -> None:
@@ -452,16 +443,8 @@ class AsyncStreamProxy(_StreamProxyBase):
                 try:
                     chunk = await source.__anext__()
                 except StopAsyncIteration:
-                    observer.read_ends()
                     break
-                except BaseException:
-                    observer.read_ends()
-                    raise
-                stopped = observer.read_ends()
-                shown = observer.observe(chunk)
-                if stopped:
-                    observer.on_stop()
-                if shown:
+                if observer.read_returned(chunk):
                     yield chunk
         except GeneratorExit:
             raise
@@ -477,18 +460,12 @@ class AsyncStreamProxy(_StreamProxyBase):
             try:
                 chunk = await self.__wrapped__.__anext__()
             except StopAsyncIteration:
-                observer.read_ends()
                 observer.on_end()
                 raise
             except BaseException as exc:
-                observer.read_ends()
                 observer.on_error(exc)
                 raise
-            stopped = observer.read_ends()
-            shown = observer.observe(chunk)
-            if stopped:
-                observer.on_stop()
-            if shown:
+            if observer.read_returned(chunk):
                 return chunk
 
     async def close(self) -> None:

@@ -469,21 +469,12 @@ def test_token_weighted_acceptance_length_counts_only_requests_with_verify_steps
     assert llamacpp, "no accepted drafts from the llama.cpp server"
     want = 1 + sum(int(j) * n for j, n in steps.items()) / sum(steps.values())
 
-    variables = _all_of(reconciliation.service, rate_interval="5m", range_="10m")
-    checked = []
-    for panel, target in _targets(_dashboard()):
-        expr = target["expr"]
-        if not (expr.lstrip().startswith("1 +") and "spec_decode_verify_steps_total" in expr):
-            continue
-        where = f"{panel['title']!r} {target['refId']}"
-        values = [
-            float(r["value"][1])
-            for r in prom_query(prom, _substitute(_over_totals(expr), variables))
-        ]
-        assert values, f"{where}: no data"
-        for value in values:
-            _close(value, want, where)
-        checked.append(where)
+    checked = _dashboard_reads(
+        prom,
+        reconciliation.service,
+        lambda expr: expr.lstrip().startswith("1 +") and "spec_decode_verify_steps_total" in expr,
+        want,
+    )
     assert len(checked) >= 3, checked
 
 
@@ -560,6 +551,30 @@ def _instrumented_calls(
     _wait_for_count(meter_provider, prom, service, calls)
     meter_provider.shutdown()
     tracer_provider.shutdown()
+
+
+def _dashboard_reads(
+    prom: httpx.Client, service: str, chosen: Callable[[str], bool], want: float
+) -> list[str]:
+    """Every dashboard target whose expression ``chosen`` picks, over the totals of
+    ``service`` (every model, engine and server), reads ``want`` on the real
+    Prometheus; the targets checked."""
+    variables = _all_of(service, rate_interval="5m", range_="10m")
+    checked = []
+    for panel, target in _targets(_dashboard()):
+        expr = target["expr"]
+        if not chosen(expr):
+            continue
+        where = f"{panel['title']!r} {target['refId']}"
+        values = [
+            float(r["value"][1])
+            for r in prom_query(prom, _substitute(_over_totals(expr), variables))
+        ]
+        assert values, f"{where}: no data"
+        for value in values:
+            _close(value, want, where)
+        checked.append(where)
+    return checked
 
 
 def _all_of(service: str, *, rate_interval: str, range_: str) -> dict[str, str]:
@@ -785,25 +800,17 @@ def test_draft_acceptance_rate_counts_only_accepted_drafts_with_a_drafted_count(
     finally:
         provider.shutdown()
 
-    variables = _all_of(service, rate_interval="5m", range_="10m")
-    checked = []
-    for panel, target in _targets(_dashboard()):
-        expr = target["expr"]
-        if (
-            not re.search(
+    checked = _dashboard_reads(
+        prom,
+        service,
+        lambda expr: (
+            re.search(
                 r"spec_decode_accepted_draft_tokens_total.*\)\s*\)?\s*/\s*sum.*spec_decode_draft_tokens_total",
                 expr,
             )
-            or "vllm:" in expr
-        ):
-            continue
-        where = f"{panel['title']!r} {target['refId']}"
-        values = [
-            float(r["value"][1])
-            for r in prom_query(prom, _substitute(_over_totals(expr), variables))
-        ]
-        assert values, f"{where}: no data"
-        for value in values:
-            _close(value, 24 / 40, where)
-        checked.append(where)
+            is not None
+            and "vllm:" not in expr
+        ),
+        24 / 40,
+    )
     assert len(checked) >= 3, checked

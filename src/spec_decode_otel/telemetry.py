@@ -73,10 +73,14 @@ M_ACCEPTED_AT_POSITION = "spec_decode.accepted_at_position"
 M_REQUESTS = "spec_decode.requests"
 
 #: Acceptance length runs from 1 (nothing accepted) to k+1; quarter-token resolution up
-#: to 4, then coarser up to the largest drafters in use (k of 15 or so).
+#: to 4, where model drafters (EAGLE, MTP, a draft model) usually land, then coarser up
+#: to 65: n-gram and suffix drafters run with k of 32 or 64, and MAX_DRAFT_POSITIONS
+#: (64) is the largest k whose positions get series of their own. The boundaries up to
+#: 16 are those of earlier releases, so quantiles below 16 still add up across a fleet
+#: that mixes versions.
 ACCEPTANCE_LENGTH_BUCKETS = (
     1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.25, 3.5, 3.75, 4.0,
-    4.5, 5.0, 5.5, 6.0, 7.0, 8.0, 10.0, 12.0, 16.0,
+    4.5, 5.0, 5.5, 6.0, 7.0, 8.0, 10.0, 12.0, 16.0, 24.0, 32.0, 48.0, 65.0,
 )  # fmt: skip
 ACCEPTANCE_RATE_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 

@@ -599,6 +599,45 @@ def _wait_for_count(meter_provider: Any, prom: httpx.Client, service: str, calls
         time.sleep(0.25)
 
 
+def _export_records(
+    stack: Stack,
+    prom: httpx.Client,
+    service: str,
+    records: list[tuple[Any, dict[str, Any]]],
+    settled: tuple[str, float],
+) -> None:
+    """Each (record, call attributes) through the instrumentation's own instruments and
+    the real SDK, exported over OTLP/gRPC to the stack as service ``service``; returns
+    once Prometheus reads ``settled`` (query, value), or after 30 s."""
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+
+    from spec_decode_otel.telemetry import SpecDecodeInstruments
+
+    provider = MeterProvider(
+        metric_readers=[
+            PeriodicExportingMetricReader(
+                OTLPMetricExporter(endpoint=stack.otlp_endpoint("grpc"), insecure=True),
+                export_interval_millis=100,
+            )
+        ],
+        resource=Resource.create({"service.name": service}),
+    )
+    instruments = SpecDecodeInstruments(provider)
+    try:
+        for record, attrs in records:
+            instruments.record(record, instruments.series(attrs, record))
+        assert provider.force_flush(10_000)
+        query, value = settled
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and prom_scalar(prom, query) != value:
+            time.sleep(0.25)
+    finally:
+        provider.shutdown()
+
+
 @pytest.fixture(scope="module")
 def llamacpp_only(e2e_stack: Stack, servers: dict[str, str], prom: httpx.Client) -> dict[str, str]:
     """A service that only calls a llama.cpp server (the simulator's llama.cpp shape:
@@ -751,13 +790,7 @@ def test_draft_acceptance_rate_counts_only_accepted_drafts_with_a_drafted_count(
     of the requests that report both (it added them in and read over 1). The records go
     through the real SDK (the instrumentation's own instruments), collector and
     Prometheus."""
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-    from opentelemetry.sdk.resources import Resource
-
     from spec_decode_otel.record import SpecDecodeAcceptanceRecord
-    from spec_decode_otel.telemetry import SpecDecodeInstruments
 
     measured = SpecDecodeAcceptanceRecord(
         engine="sglang",
@@ -777,28 +810,14 @@ def test_draft_acceptance_rate_counts_only_accepted_drafts_with_a_drafted_count(
         num_spec_steps=10,
     )
     service = f"sdo-e2e-adaptive-{uuid.uuid4().hex[:8]}"
-    provider = MeterProvider(
-        metric_readers=[
-            PeriodicExportingMetricReader(
-                OTLPMetricExporter(endpoint=e2e_stack.otlp_endpoint("grpc"), insecure=True),
-                export_interval_millis=100,
-            )
-        ],
-        resource=Resource.create({"service.name": service}),
-    )
-    instruments = SpecDecodeInstruments(provider)
     attrs = {"gen_ai.request.model": "adaptive", "server.address": "sglang-0"}
-    try:
-        for record in (measured, adaptive, measured, adaptive):
-            instruments.record(record, instruments.series(attrs, record))
-        assert provider.force_flush(10_000)
-        job = f'job="{service}"'
-        deadline = time.monotonic() + 30
-        query = f"sum(spec_decode_accepted_draft_tokens_total{{{job}}})"
-        while time.monotonic() < deadline and prom_scalar(prom, query) != 86:
-            time.sleep(0.25)
-    finally:
-        provider.shutdown()
+    _export_records(
+        e2e_stack,
+        prom,
+        service,
+        [(r, attrs) for r in (measured, adaptive, measured, adaptive)],
+        settled=(f'sum(spec_decode_accepted_draft_tokens_total{{job="{service}"}})', 86),
+    )
 
     checked = _dashboard_reads(
         prom,
@@ -814,3 +833,82 @@ def test_draft_acceptance_rate_counts_only_accepted_drafts_with_a_drafted_count(
         24 / 40,
     )
     assert len(checked) >= 3, checked
+
+
+def test_acceptance_length_quantiles_resolve_drafts_up_to_64_tokens(
+    e2e_stack: Stack, prom: httpx.Client
+) -> None:
+    """A record allows k up to MAX_SPEC_TOKENS, and n-gram / suffix drafters run with k of
+    32 or 64 (SGLang's and vLLM's n-gram and suffix methods), so a request's mean acceptance
+    length reaches k + 1 = 65 (the per-position series stop at MAX_DRAFT_POSITIONS = 64).
+    With the top bucket at 16, every such request landed in +Inf and histogram_quantile
+    read 16 for all of them. Requests at 30 (k = 32) and 60 (k = 64), through the real SDK,
+    collector and Prometheus: every quantile of the acceptance length on the dashboard and
+    in the p50 recording rules reads a value inside the finite bucket that holds the
+    requests' acceptance length."""
+    from spec_decode_otel.record import SpecDecodeAcceptanceRecord
+    from spec_decode_otel.telemetry import ACCEPTANCE_LENGTH_BUCKETS
+
+    service = f"sdo-e2e-long-drafts-{uuid.uuid4().hex[:8]}"
+    truth: dict[str, float] = {}
+    records = []
+    for k, accepted in ((32, 29), (64, 59)):
+        model = f"k{k}"
+        truth[model] = 1.0 + accepted
+        record = SpecDecodeAcceptanceRecord(
+            engine="sglang",
+            mean_acceptance_length=truth[model],
+            draft_acceptance_rate=accepted / k,
+            acceptance_histogram={accepted: 10},
+            num_accepted_draft_tokens=10 * accepted,
+            num_draft_tokens=10 * k,
+            num_spec_steps=10,
+            num_spec_tokens=k,
+        )
+        attrs = {"gen_ai.request.model": model, "server.address": "sglang-0"}
+        records += [(record, attrs)] * 5
+    _export_records(
+        e2e_stack,
+        prom,
+        service,
+        records,
+        settled=(f'sum(spec_decode_acceptance_length_count{{job="{service}"}})', 10),
+    )
+
+    job = f'job="{service}"'
+    variables = _all_of(service, rate_interval="5m", range_="10m")
+    exprs = [
+        (f"{p['title']!r} {t['refId']}", _substitute(_over_totals(t["expr"]), variables))
+        for p, t in _targets(_dashboard())
+        if "histogram_quantile" in t["expr"] and "spec_decode_acceptance_length_bucket" in t["expr"]
+    ]
+    rules = yaml.safe_load((CONFIG_DIR / "prometheus-rules.yml").read_text(encoding="utf-8"))
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "histogram_quantile" in rule.get("expr", "") and "acceptance_length" in rule["expr"]:
+                expr = re.sub(
+                    r"rate\(spec_decode_acceptance_length_bucket\[\w+\]\)",
+                    f"spec_decode_acceptance_length_bucket{{{job}}}",
+                    rule["expr"],
+                )
+                exprs.append((rule["record"], expr))
+    assert len(exprs) >= 5, exprs
+    bounds = (-math.inf, *ACCEPTANCE_LENGTH_BUCKETS, math.inf)
+    problems = []
+    for where, expr in exprs:
+        result = prom_query(prom, expr)
+        got = {r["metric"].get("gen_ai_request_model"): float(r["value"][1]) for r in result}
+        if None in got:  # grouped by $dimension (job): one series over both models
+            continue
+        assert set(got) == set(truth), f"{where}: {got}"
+        for model, value in got.items():
+            upper = next(b for b in bounds if b >= truth[model])
+            lower = bounds[bounds.index(upper) - 1]
+            if not (math.isfinite(upper) and lower < value <= upper):
+                problems.append(
+                    f"{where}: {model} (acceptance length {truth[model]}) reads {value}, "
+                    f"outside its bucket ({lower}, {upper}]"
+                )
+    assert not problems, "\n".join(problems)
+    # And so for every k whose positions have their own series.
+    assert ACCEPTANCE_LENGTH_BUCKETS[-1] >= MAX_DRAFT_POSITIONS + 1

@@ -232,7 +232,7 @@ E2E_RULES: dict[str, tuple[str, float, float]] = {
     "model_engine:spec_decode_verify_steps:rate": ("num_spec_steps", 0, 1e9),
     "model_engine:spec_decode_accepted_at_position:rate": ("num_accepted_draft_tokens", 0, 1e9),
     # Floored at 1: histogram_quantile alone interpolates the lowest bucket (le="1") from 0.
-    "model_engine:spec_decode_acceptance_length:p50_rate": ("num_spec_steps", 1, 16),
+    "model_engine:spec_decode_acceptance_length:p50_rate": ("num_spec_steps", 1, 65),
     "model_engine:spec_decode_acceptance_length:token_weighted_rate": ("num_spec_steps", 1, 65),
     "model_engine:spec_decode_draft_acceptance_rate:ratio_rate": ("num_draft_tokens", 0, 1),
     "model_engine:spec_decode_accepted_at_position:ratio_rate": ("num_accepted_draft_tokens", 0, 1),

@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import multiprocessing.util
 import os
+import sys
 import threading
 import time
 import warnings
@@ -32,6 +33,7 @@ from spec_decode_otel.instrumentation import SpecDecodeInstrumentor
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
+    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
 
@@ -190,6 +192,24 @@ def _or_warn(signal: str, build: Callable[[], _T]) -> _T | None:
         return None
 
 
+def _resource(service_name: str | None) -> Resource:
+    """The SDK's resource from the environment, named ``service_name`` only when the
+    environment names no service.
+
+    ``Resource.create`` reads ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` (the
+    first wins) and the configured detectors, and falls back to ``unknown_service:<python>``;
+    attributes passed to it would win over all of them.
+    """
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
+    resource = Resource.create({})
+    named = resource.attributes.get(SERVICE_NAME)
+    unnamed = ("unknown_service", f"unknown_service:{os.path.basename(sys.executable)}")
+    if service_name and (not named or named in unnamed):
+        resource = resource.merge(Resource({SERVICE_NAME: service_name}))
+    return resource
+
+
 _lock = threading.Lock()
 _built: Providers | None = None
 
@@ -204,7 +224,8 @@ def setup(
 ) -> Providers:
     """Build providers from ``OTEL_*`` variables, optionally install them, instrument.
 
-    ``service_name`` is used when ``OTEL_SERVICE_NAME`` is unset. Extra processors and
+    ``service_name`` is used when the environment names no service (``OTEL_SERVICE_NAME``,
+    or ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``). Extra processors and
     readers (e.g. in-memory ones for tests or a terminal summary) are added beside the
     OTLP exporters. Remaining keywords go to ``SpecDecodeInstrumentor().instrument()``.
     A second call warns and returns what the first built; after that one's
@@ -214,7 +235,6 @@ def setup(
     try:
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as exc:
@@ -233,12 +253,7 @@ def setup(
         if _built is not None and instrumentor.is_instrumented_by_opentelemetry:
             # Still instrumented with the providers since stopped: the new ones replace them.
             instrumentor.uninstrument()
-        # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, but lets
-        # the attributes passed to it win; the variable must win over the argument.
-        attributes = {}
-        if service_name and not os.environ.get("OTEL_SERVICE_NAME"):
-            attributes[SERVICE_NAME] = service_name
-        resource = Resource.create(attributes)
+        resource = _resource(service_name)
 
         exporting = False
         # Our atexit handler (bounded) stops them: the SDK's own would wait without a bound.

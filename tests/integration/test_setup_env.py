@@ -1,0 +1,263 @@
+"""``setup()`` driven by the standard ``OTEL_*`` variables, as a deployment sets them, and
+checked where the data lands: a real OpenTelemetry Collector (``collector_sink.py``) whose
+OTLP receiver forwards to a sink in this process, so each test sees the resource, the
+spans and the metrics the collector received. Each application runs in a process of its
+own (``setup()`` installs process-wide state) and exits normally, so what it exported is
+what its exit flush sent.
+
+What the SDK does with the same variables is the reference: opentelemetry-sdk 1.45.2,
+``opentelemetry/sdk/_configuration/__init__.py`` (the auto-configuration
+``opentelemetry-instrument`` runs through opentelemetry-distro 0.66b2), and the OTLP
+exporters 1.45.2, which read their own endpoint, header and protocol variables.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+from collector_sink import Collector, Sink, attributes, running_collector, running_sink
+from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
+
+from otlp_values import clean_env
+
+#: One instrumented chat call to the simulator, then a normal exit.
+ONE_CALL = """
+import os, openai, spec_decode_otel
+spec_decode_otel.setup("from-argument")
+client = openai.OpenAI(base_url=os.environ["SIMULATOR_URL"], api_key="sk-test", max_retries=0)
+client.chat.completions.create(model="spec-sim", messages=[{"role": "user", "content": "hi"}])
+client.close()
+"""
+
+#: Bounds the exit flush where a test points a signal at nothing.
+QUICK = {"OTEL_EXPORTER_OTLP_TIMEOUT": "2"}
+
+
+@pytest.fixture(scope="module")
+def collector() -> Iterator[Collector]:
+    with running_collector() as running:
+        yield running
+
+
+@pytest.fixture
+def sink(collector: Collector) -> Sink:
+    collector.sink.clear()
+    return collector.sink
+
+
+def run_app(script: str, simulator_url: str, **env: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=clean_env(SIMULATOR_URL=simulator_url, **env),
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def span_names(sink: Sink) -> list[str]:
+    return [span.name for _, span in sink.spans()]
+
+
+# ------------------------------------------------------------------ endpoints and paths
+
+
+@pytest.mark.parametrize(
+    ("case", "spans", "metrics"),
+    [("generic", True, True), ("traces-with-path", True, False), ("traces-no-path", False, True)],
+)
+def test_otlp_http_endpoints_follow_the_path_rules_of_the_specification(
+    simulator_url: str, collector: Collector, sink: Sink, case: str, spans: bool, metrics: bool
+) -> None:
+    """OTLP exporter specification, as opentelemetry-exporter-otlp-proto-http 1.45.2
+    applies it (``trace_exporter/__init__.py``: ``_append_trace_path`` on the generic
+    variable only): ``OTEL_EXPORTER_OTLP_ENDPOINT`` gets ``/v1/traces`` and
+    ``/v1/metrics`` appended; ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` wins over it and is
+    used as it is, so one without the path posts to ``/``, which the collector refuses.
+    ``setup()`` exports a signal when either names an endpoint, and leaves the URL to the
+    exporter."""
+    env = {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", **QUICK}
+    if case == "generic":
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.http_endpoint
+    elif case == "traces-with-path":
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens
+        env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = collector.http_endpoint + "/v1/traces"
+    else:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.http_endpoint
+        env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = collector.http_endpoint
+    run_app(ONE_CALL, simulator_url, **env)
+    assert span_names(sink) == (["chat spec-sim"] if spans else [])
+    assert ("spec_decode.acceptance_length" in sink.metric_names()) is metrics
+
+
+def test_headers_from_the_environment_are_url_decoded_and_the_signals_own_win(
+    simulator_url: str,
+) -> None:
+    """``OTEL_EXPORTER_OTLP_HEADERS`` values are URL-encoded (OTLP exporter
+    specification; ``parse_env_headers(..., liberal=True)`` in opentelemetry-exporter-
+    otlp-proto-http 1.45.2), and ``OTEL_EXPORTER_OTLP_METRICS_HEADERS``, when set,
+    replaces them for metrics. ``setup()`` builds the exporters without arguments, so they
+    read these themselves: the receiver gets the decoded values. (Straight to a sink: a
+    collector does not pass request headers on.)"""
+    with running_sink() as sink:
+        run_app(
+            ONE_CALL,
+            simulator_url,
+            OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+            OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint,
+            OTEL_EXPORTER_OTLP_HEADERS="Authorization=Bearer%20t0k%3D%3D,x-team=ml%2Finfra",
+            OTEL_EXPORTER_OTLP_METRICS_HEADERS="x-team=metrics",
+        )
+        by_path = {r.path: r.headers for r in sink.requests}
+    assert by_path["/v1/traces"]["authorization"] == "Bearer t0k=="
+    assert by_path["/v1/traces"]["x-team"] == "ml/infra"
+    assert by_path["/v1/metrics"]["x-team"] == "metrics"
+    assert "authorization" not in by_path["/v1/metrics"]
+
+
+def test_a_grpc_endpoint_without_a_scheme_is_plaintext_under_otlp_insecure(
+    simulator_url: str, collector: Collector, sink: Sink
+) -> None:
+    """A gRPC endpoint given as ``host:port`` is TLS unless ``OTEL_EXPORTER_OTLP_INSECURE``
+    is ``true`` (opentelemetry-exporter-otlp-proto-grpc 1.45.2, ``exporter.py``: the
+    scheme decides, else that variable). The collector's receiver is plaintext, so both
+    signals arrive only because the exporter read the variable."""
+    run_app(
+        ONE_CALL,
+        simulator_url,
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"127.0.0.1:{collector.grpc_port}",
+        OTEL_EXPORTER_OTLP_INSECURE="true",
+    )
+    assert span_names(sink) == ["chat spec-sim"]
+    assert "spec_decode.acceptance_length" in sink.metric_names()
+
+
+# ------------------------------------------------------------------ resource
+
+DEPLOYMENT_ATTRIBUTES = "service.name=from-attributes,deployment.environment=prod"
+
+
+@pytest.mark.parametrize(
+    ("env", "service"),
+    [
+        ({}, "from-argument"),
+        ({"OTEL_SERVICE_NAME": "from-service-name"}, "from-service-name"),
+        (
+            {"OTEL_RESOURCE_ATTRIBUTES": DEPLOYMENT_ATTRIBUTES},
+            "from-attributes",
+        ),
+        (
+            {
+                "OTEL_SERVICE_NAME": "from-service-name",
+                "OTEL_RESOURCE_ATTRIBUTES": DEPLOYMENT_ATTRIBUTES,
+            },
+            "from-service-name",
+        ),
+    ],
+    ids=["argument", "service-name", "resource-attributes", "both-variables"],
+)
+def test_the_environments_service_name_wins_over_setups_argument(
+    simulator_url: str, collector: Collector, sink: Sink, env: dict[str, str], service: str
+) -> None:
+    """``setup("from-argument")`` is the service name when the environment names none. A
+    deployment names it with ``OTEL_SERVICE_NAME`` or with ``service.name`` in
+    ``OTEL_RESOURCE_ATTRIBUTES`` (the SDK's ``OTELResourceDetector``, opentelemetry-sdk
+    1.45.2 ``resources/__init__.py``: the former wins over the latter). The argument won
+    over ``OTEL_RESOURCE_ATTRIBUTES``: spans and metrics went out as ``from-argument``
+    from a pod whose deployment named it otherwise, so its dashboards showed nothing under
+    the name they were given."""
+    run_app(ONE_CALL, simulator_url, OTEL_EXPORTER_OTLP_ENDPOINT=collector.grpc_endpoint, **env)
+    resources = [resource for resource, _ in sink.spans() + sink.metrics()]
+    assert resources, "nothing arrived"
+    assert {r["service.name"] for r in resources} == {service}
+    if "OTEL_RESOURCE_ATTRIBUTES" in env:
+        assert {r["deployment.environment"] for r in resources} == {"prod"}
+
+
+# ------------------------------------------------------------------ metrics and sampling
+
+
+def test_metrics_honour_the_delta_temporality_preference(
+    simulator_url: str, collector: Collector, sink: Sink
+) -> None:
+    """``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta`` (read by the OTLP metric
+    exporter, opentelemetry-exporter-otlp-proto-common 1.45.2 ``_common_configuration``):
+    counters and histograms arrive as deltas (the shipped collector config converts them
+    with ``deltatocumulative``)."""
+    run_app(
+        ONE_CALL,
+        simulator_url,
+        OTEL_EXPORTER_OTLP_ENDPOINT=collector.grpc_endpoint,
+        OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE="delta",
+    )
+    by_name = {metric.name: metric for _, metric in sink.metrics()}
+    assert (
+        by_name["spec_decode.draft_tokens"].sum.aggregation_temporality
+        == AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
+    )
+    assert (
+        by_name["spec_decode.acceptance_length"].histogram.aggregation_temporality
+        == AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
+    )
+
+
+LONG_RUNNING = ONE_CALL + "print('called', flush=True)\nimport sys\nsys.stdin.read()\n"
+
+
+def test_metrics_are_exported_at_the_interval_the_environment_sets(
+    simulator_url: str, collector: Collector, sink: Sink
+) -> None:
+    """``OTEL_METRIC_EXPORT_INTERVAL`` (ms; opentelemetry-sdk 1.45.2
+    ``PeriodicExportingMetricReader``, default 60000): a long-running service's metrics
+    arrive while it runs, not only at its exit."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LONG_RUNNING],
+        env=clean_env(
+            SIMULATOR_URL=simulator_url,
+            OTEL_EXPORTER_OTLP_ENDPOINT=collector.grpc_endpoint,
+            OTEL_METRIC_EXPORT_INTERVAL="300",
+        ),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "called"
+        deadline = time.monotonic() + 10
+        while "spec_decode.acceptance_length" not in sink.metric_names():
+            assert time.monotonic() < deadline, "no metrics while the service ran"
+            time.sleep(0.1)
+        assert proc.poll() is None  # it is still running
+    finally:
+        proc.communicate(timeout=30)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"OTEL_TRACES_SAMPLER": "always_off"},
+        {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"},
+    ],
+    ids=["always-off", "ratio-0"],
+)
+def test_calls_sampled_out_of_traces_are_still_counted_in_metrics(
+    simulator_url: str, collector: Collector, sink: Sink, env: dict[str, str]
+) -> None:
+    """``OTEL_TRACES_SAMPLER`` / ``_ARG`` (read by the SDK's TracerProvider, opentelemetry-
+    sdk 1.45.2 ``trace/sampling.py`` ``_get_from_env_or_default``): a fleet that keeps a
+    fraction of its traces still counts every call's acceptance in the metrics."""
+    run_app(ONE_CALL, simulator_url, OTEL_EXPORTER_OTLP_ENDPOINT=collector.grpc_endpoint, **env)
+    assert span_names(sink) == []
+    # the last export (cumulative: the exit flush and the shutdown each send one)
+    requests = [m for _, m in sink.metrics() if m.name == "spec_decode.requests"][-1]
+    assert sum(point.as_int for point in requests.sum.data_points) == 1
+    assert all(attributes(p) for p in requests.sum.data_points)

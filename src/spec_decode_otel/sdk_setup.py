@@ -77,25 +77,33 @@ class Providers:
         more than once per signal: run in sequence, a dead collector held the exit for
         half a minute and a hung one (accepting, never answering) for longer. So both
         providers are flushed in parallel on daemon threads, and exit stops waiting at
-        the bound.
+        the bound (except at exit on CPython 3.12.0 and 3.12.1, which start no thread
+        there: the providers are flushed in turn, bounded only by the exporters' own
+        timeouts).
         """
         if self._stopped:
             return
         self._stopped = True
         providers = {"traces": self.tracer_provider, "metrics": self.meter_provider}
-        workers = [
-            threading.Thread(
+        deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
+        started: list[threading.Thread] = []
+        for name, provider in providers.items():
+            worker = threading.Thread(
                 target=_flush_and_stop,
                 args=(provider,),
                 name=f"spec-decode-otel-{name}-flush",
                 daemon=True,
             )
-            for name, provider in providers.items()
-        ]
-        deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
-        for worker in workers:
-            worker.start()
-        for worker in workers:
+            try:
+                worker.start()
+            except RuntimeError:
+                # CPython 3.12.0 and 3.12.1 start no thread from an atexit handler
+                # ("can't create new thread at interpreter shutdown", gh-113964): flush
+                # here, in turn and without the bound, rather than not at all.
+                _flush_and_stop(provider)
+                continue
+            started.append(worker)
+        for worker in started:
             worker.join(max(0.0, deadline - time.monotonic()))
 
 

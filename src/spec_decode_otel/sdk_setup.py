@@ -84,7 +84,10 @@ class Providers:
         if self._stopped:
             return
         self._stopped = True
-        providers = {"traces": self.tracer_provider, "metrics": self.meter_provider}
+        providers: dict[str, TracerProvider | MeterProvider] = {
+            "traces": self.tracer_provider,
+            "metrics": self.meter_provider,
+        }
         deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
         started: list[threading.Thread] = []
         for name, provider in providers.items():

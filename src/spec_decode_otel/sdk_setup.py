@@ -2,14 +2,17 @@
 
 Builds a TracerProvider and a MeterProvider from the standard ``OTEL_*`` variables
 (service name and resource attributes, ``OTEL_EXPORTER_OTLP_ENDPOINT``/``_PROTOCOL``,
-headers, timeouts, metric export interval; ``OTEL_TRACES_EXPORTER`` or
-``OTEL_METRICS_EXPORTER`` ``none`` leaves that signal unexported), installs them globally,
-and instruments. A value the SDK refuses (a protocol other than ``grpc`` or
-``http/protobuf``, an interval of 0) warns and leaves that signal unexported.
-With no endpoint configured nothing is exported and nothing fails: the application keeps
-running, the instrumentation's data is simply kept in-process (readable with a reader
-passed in ``metric_readers``). Exporters use batching and export timeouts, so a stopped
-collector never blocks the application; providers are flushed and shut down at exit.
+headers, timeouts, metric export interval), installs them globally, and instruments.
+``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` name each signal's exporters as for
+the SDK's auto-configuration (``otlp``, ``console``, ``none``, any installed exporter's
+name, a comma-separated list); unset, a signal goes over OTLP when an endpoint is set for
+it. A value the SDK refuses (a protocol other than ``grpc`` or ``http/protobuf``, an
+interval of 0, an exporter name nothing provides) warns and leaves that exporter out.
+With no endpoint and no exporter variable nothing is exported and nothing fails: the
+application keeps running, the instrumentation's data is simply kept in-process (readable
+with a reader passed in ``metric_readers``). Exporters use batching and export timeouts,
+so a stopped collector never blocks the application; providers are flushed and shut down
+at exit.
 """
 
 from __future__ import annotations
@@ -124,16 +127,73 @@ def _otlp_variable(signal: str, name: str) -> str:
 _PROTOCOLS = ("grpc", "http/protobuf")
 
 
-def _exported(signal: str) -> bool:
-    """Whether ``signal`` (``TRACES``, ``METRICS``) goes over OTLP: an endpoint is set for
-    it, the SDK is not disabled (``OTEL_SDK_DISABLED=true``), and ``OTEL_<SIGNAL>_EXPORTER``
-    is not ``none`` (the specification's "no exporter", as a deployment whose endpoint
-    takes traces only, such as Jaeger's, says it)."""
+def _exporter_names(signal: str) -> list[str]:
+    """The exporters ``signal`` (``TRACES``, ``METRICS``) goes to.
+
+    ``OTEL_<SIGNAL>_EXPORTER`` lists them, comma-separated, as for the SDK's
+    auto-configuration: ``otlp``, ``console``, or any other name an installed package
+    provides; ``none`` is none (as a deployment whose endpoint takes traces only, such as
+    Jaeger's, says it). Unset, the signal goes over OTLP when an endpoint is set for it,
+    and nowhere otherwise. Nothing is exported under ``OTEL_SDK_DISABLED=true``.
+    """
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return False
-    if os.environ.get(f"OTEL_{signal}_EXPORTER", "").strip().lower() == "none":
-        return False
-    return bool(_otlp_variable(signal, "ENDPOINT"))
+        return []
+    listed = os.environ.get(f"OTEL_{signal}_EXPORTER", "").strip().lower()
+    if not listed:
+        return ["otlp"] if _otlp_variable(signal, "ENDPOINT") else []
+    names = (name.strip() for name in listed.split(","))
+    return [name for name in dict.fromkeys(names) if name and name != "none"]
+
+
+#: Where the SDK's auto-configuration finds the exporters ``OTEL_<SIGNAL>_EXPORTER`` names
+#: (the SDK registers ``console`` there, the OTLP packages ``otlp_proto_grpc`` and
+#: ``otlp_proto_http``, other packages their own).
+_ENTRY_POINTS = {
+    "TRACES": "opentelemetry_traces_exporter",
+    "METRICS": "opentelemetry_metrics_exporter",
+}
+
+
+def _named_exporter(signal: str, name: str) -> Any:
+    """The class the ``name`` entry point of ``signal``'s group loads; ``ValueError``
+    naming the variable when no installed package provides it."""
+    from importlib.metadata import entry_points
+
+    found = list(entry_points(group=_ENTRY_POINTS[signal]))
+    for entry_point in found:
+        if entry_point.name == name:
+            return entry_point.load()
+    raise ValueError(
+        f"OTEL_{signal}_EXPORTER names {name!r}, which no installed package provides "
+        f"(known: {', '.join(sorted({e.name for e in found}))})"
+    )
+
+
+def _span_processor(name: str) -> SpanProcessor:
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export import SpanExporter as SdkSpanExporter
+
+    if name == "otlp":
+        return BatchSpanProcessor(_span_exporter())
+    exporter = _named_exporter("TRACES", name)
+    if not (isinstance(exporter, type) and issubclass(exporter, SdkSpanExporter)):
+        raise ValueError(f"OTEL_TRACES_EXPORTER names {name!r}, which is not a span exporter")
+    return BatchSpanProcessor(exporter())
+
+
+def _metric_reader(name: str) -> MetricReader:
+    from opentelemetry.sdk.metrics.export import MetricExporter as SdkMetricExporter
+    from opentelemetry.sdk.metrics.export import MetricReader as SdkMetricReader
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    if name == "otlp":
+        return PeriodicExportingMetricReader(_metric_exporter())
+    exporter = _named_exporter("METRICS", name)
+    if isinstance(exporter, type) and issubclass(exporter, SdkMetricReader):
+        return exporter()  # a pull exporter (Prometheus's) is a reader itself
+    if isinstance(exporter, type) and issubclass(exporter, SdkMetricExporter):
+        return PeriodicExportingMetricReader(exporter())
+    raise ValueError(f"OTEL_METRICS_EXPORTER names {name!r}, which is not a metric exporter")
 
 
 def _grpc(signal: str) -> bool:
@@ -186,16 +246,17 @@ def _flush_at_child_exit(built: Providers) -> None:
     multiprocessing.util.Finalize(None, built.shutdown, exitpriority=0)
 
 
-def _or_warn(signal: str, build: Callable[[], _T]) -> _T | None:
-    """``build()``, or None with a RuntimeWarning when the SDK refuses a value its variables
-    gave it (``OTEL_METRIC_EXPORT_INTERVAL=0``, ``OTEL_EXPORTER_OTLP_TIMEOUT=abc``,
-    ``OTEL_EXPORTER_OTLP_PROTOCOL=grcp``): as under ``opentelemetry-instrument``, the
-    application runs on, that signal unexported."""
+def _or_warn(signal: str, name: str, build: Callable[[str], _T]) -> _T | None:
+    """``build(name)``, or None with a RuntimeWarning when the SDK refuses a value its
+    variables gave it (``OTEL_METRIC_EXPORT_INTERVAL=0``, ``OTEL_EXPORTER_OTLP_TIMEOUT=abc``,
+    ``OTEL_EXPORTER_OTLP_PROTOCOL=grcp``) or the exporter ``name`` cannot be had: as under
+    ``opentelemetry-instrument``, the application runs on, without that exporter."""
     try:
-        return build()
+        return build(name)
     except ValueError as exc:
+        what = signal if name == "otlp" else f"{signal} (exporter {name!r})"
         warnings.warn(
-            f"spec_decode_otel.setup(): {signal} are not exported: {exc} (a value of the "
+            f"spec_decode_otel.setup(): {what} are not exported: {exc} (a value of the "
             "OTEL_* variables the OpenTelemetry SDK refuses)",
             RuntimeWarning,
             stacklevel=4,  # the caller of spec_decode_otel.setup()
@@ -245,9 +306,7 @@ def setup(
     global _built
     try:
         from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as exc:
         raise ImportError(_MISSING_EXTRA) from exc
 
@@ -272,17 +331,15 @@ def setup(
         for processor in span_processors:
             tracer_provider.add_span_processor(processor)
         readers = list(metric_readers)
-        if _exported("TRACES"):
-            batch = _or_warn("spans", lambda: BatchSpanProcessor(_span_exporter()))
-            if batch is not None:
-                tracer_provider.add_span_processor(batch)
+        for name in _exporter_names("TRACES"):
+            exporting_processor = _or_warn("spans", name, _span_processor)
+            if exporting_processor is not None:
+                tracer_provider.add_span_processor(exporting_processor)
                 exporting = True
-        if _exported("METRICS"):
-            periodic = _or_warn(
-                "metrics", lambda: PeriodicExportingMetricReader(_metric_exporter())
-            )
-            if periodic is not None:
-                readers.append(periodic)
+        for name in _exporter_names("METRICS"):
+            exporting_reader = _or_warn("metrics", name, _metric_reader)
+            if exporting_reader is not None:
+                readers.append(exporting_reader)
                 exporting = True
         meter_provider = MeterProvider(
             resource=resource, metric_readers=readers, shutdown_on_exit=False

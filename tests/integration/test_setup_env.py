@@ -261,3 +261,99 @@ def test_calls_sampled_out_of_traces_are_still_counted_in_metrics(
     requests = [m for _, m in sink.metrics() if m.name == "spec_decode.requests"][-1]
     assert sum(point.as_int for point in requests.sum.data_points) == 1
     assert all(attributes(p) for p in requests.sum.data_points)
+
+
+# ------------------------------------------------------------------ exporter names
+
+
+@pytest.mark.parametrize(
+    ("traces", "metrics", "to_collector", "printed"),
+    [
+        ("console", "console", set(), {"spans", "metrics"}),
+        ("otlp,console", "otlp", {"spans", "metrics"}, {"spans"}),
+        ("console", None, {"metrics"}, {"spans"}),
+        ("none", "otlp , console", {"metrics"}, {"metrics"}),
+    ],
+    ids=["console", "otlp-and-console", "console-traces-only", "list-with-spaces"],
+)
+def test_the_exporter_variables_choose_where_each_signal_goes(
+    simulator_url: str,
+    collector: Collector,
+    sink: Sink,
+    traces: str,
+    metrics: str | None,
+    to_collector: set[str],
+    printed: set[str],
+) -> None:
+    """``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` are comma-separated exporter
+    names (OTel specification, SDK environment variables; opentelemetry-sdk 1.45.2
+    ``_configuration/__init__.py`` ``_get_exporter_names`` splits and strips them and loads
+    each from the ``opentelemetry_traces_exporter`` / ``_metrics_exporter`` entry points,
+    ``console`` among them). ``setup()`` knew only ``none``: with an endpoint set, any
+    other value exported over OTLP, so ``console``, the usual way to look at what an
+    application emits, printed nothing and sent everything to the collector. Each signal
+    now goes to the exporters its variable names; an unset variable still means OTLP
+    when an endpoint is set."""
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.grpc_endpoint, "OTEL_TRACES_EXPORTER": traces}
+    if metrics is not None:
+        env["OTEL_METRICS_EXPORTER"] = metrics
+    done = run_app(ONE_CALL, simulator_url, **env)
+    arrived = set()
+    if span_names(sink):
+        arrived.add("spans")
+    if "spec_decode.acceptance_length" in sink.metric_names():
+        arrived.add("metrics")
+    assert arrived == to_collector
+    shown = set()
+    if '"name": "chat spec-sim"' in done.stdout:
+        shown.add("spans")
+    if '"name": "spec_decode.acceptance_length"' in done.stdout:
+        shown.add("metrics")
+    assert shown == printed, done.stdout[-2000:]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_an_otlp_exporter_named_without_an_endpoint_sends_to_the_default_one(
+    simulator_url: str, protocol: str
+) -> None:
+    """``OTEL_TRACES_EXPORTER=otlp`` with no endpoint variable: the OTLP exporters' default,
+    ``http://localhost:4317`` (gRPC) or ``http://localhost:4318/v1/traces`` (HTTP) (OTLP
+    exporter specification; opentelemetry-exporter-otlp-proto-grpc/-http 1.45.2), where a
+    node's collector agent listens; opentelemetry-instrument sends there. ``setup()``
+    exported nothing without an endpoint variable, whatever the exporter variables said,
+    and warned of nothing. It sends to the default endpoint when the variable names
+    ``otlp``; with neither variable set it still exports nothing. (This test needs
+    127.0.0.1:4317 and :4318 free.)"""
+    with running_collector(grpc_port=4317, http_port=4318) as collector:
+        run_app(
+            ONE_CALL,
+            simulator_url,
+            OTEL_TRACES_EXPORTER="otlp",
+            OTEL_METRICS_EXPORTER="otlp",
+            OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+        )
+        assert span_names(collector.sink) == ["chat spec-sim"]
+        assert "spec_decode.acceptance_length" in collector.sink.metric_names()
+
+
+def test_an_exporter_name_nothing_provides_warns_naming_it_and_exports_no_otlp(
+    simulator_url: str, collector: Collector, sink: Sink
+) -> None:
+    """``OTEL_METRICS_EXPORTER=prometheus`` without opentelemetry-exporter-prometheus
+    installed: the SDK's auto-configuration finds no such entry point and raises
+    ("Requested component 'prometheus' not found in entry point
+    'opentelemetry_metrics_exporter'", opentelemetry-sdk 1.45.2 ``_configuration``).
+    ``setup()`` took the name for OTLP and pushed the metrics to the endpoint, silently.
+    It warns, naming the variable and the name, and that signal goes nowhere; the other
+    signal is exported as its own variables say."""
+    done = run_app(
+        ONE_CALL,
+        simulator_url,
+        OTEL_EXPORTER_OTLP_ENDPOINT=collector.grpc_endpoint,
+        OTEL_METRICS_EXPORTER="prometheus",
+    )
+    assert span_names(sink) == ["chat spec-sim"]
+    assert sink.metric_names() == set()
+    assert "RuntimeWarning: spec_decode_otel.setup(): metrics" in done.stderr, done.stderr
+    assert "OTEL_METRICS_EXPORTER names 'prometheus'" in done.stderr, done.stderr
+    assert "<string>:3: RuntimeWarning" in done.stderr, done.stderr  # the setup() line

@@ -20,6 +20,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, Metric
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Sampler
 
 import spec_decode_otel
 from spec_decode_otel.payloads import parse_payloads
@@ -47,11 +48,12 @@ VOLATILE = ("id", "created")  # differ between two answers to the same seeded re
 
 
 class Otel:
-    """A TracerProvider and a MeterProvider of the real SDK, exported to memory."""
+    """A TracerProvider and a MeterProvider of the real SDK, exported to memory; the
+    tracer provider samples with ``sampler`` (None: the SDK's default)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sampler: Sampler | None = None) -> None:
         self.exporter = InMemorySpanExporter()
-        self.tracer_provider = TracerProvider()
+        self.tracer_provider = TracerProvider(sampler=sampler)
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.reader = InMemoryMetricReader()
         self.meter_provider = MeterProvider(metric_readers=[self.reader])

@@ -3,7 +3,8 @@
 ``auto``: one span per call, theirs, carrying their attributes and our ``spec_decode.*``;
 the GenAI metrics are recorded once (by them), never by both. Legacy completions, which
 openai-v2 does not wrap, get our own span and our GenAI metrics. ``span`` forces our own
-child span; ``enrich`` puts our attributes on whatever span is current.
+child span; ``enrich`` puts our attributes on whatever span is current. A sampler that
+drops the trace changes none of the GenAI metric counts.
 """
 
 from __future__ import annotations
@@ -22,13 +23,31 @@ from instrumentation_helpers import (
     request_kwargs,
     spec_decode_attributes,
 )
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
-from opentelemetry.trace import SpanKind
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
 import spec_decode_otel
 from spec_decode_otel.telemetry import SCOPE_NAME
 
 GENAI_METRICS = ("gen_ai.client.operation.duration", "gen_ai.client.token.usage")
+#: Samplers that drop the call's trace: every trace, or (the production set-up) one in ten
+#: with the call made under an incoming trace that was not sampled (``traceparent`` with
+#: flags 00), which ``ParentBased`` follows whatever the ratio says.
+DROPPING = {"always-off": ALWAYS_OFF, "parent-unsampled": ParentBased(TraceIdRatioBased(0.1))}
+UNSAMPLED_PARENT = SpanContext(
+    trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736,
+    span_id=0x00F067AA0BA902B7,
+    is_remote=True,
+    trace_flags=TraceFlags(TraceFlags.DEFAULT),
+)
 
 
 @pytest.fixture
@@ -56,6 +75,33 @@ async def run(mode: str, api: str, kwargs: dict[str, Any], sync: Any, async_: An
     if mode == "sync":
         return call_sync(sync, api, kwargs)
     return await call_async(async_, api, kwargs)
+
+
+@pytest.fixture(params=list(DROPPING))
+def dropping(request: pytest.FixtureRequest) -> Iterator[Otel]:
+    """Providers whose sampler drops the calls' traces (metrics are recorded all the
+    same: they do not depend on sampling); the calls run under an unsampled remote
+    parent, which only ``ParentBased`` looks at."""
+    sampler: Sampler = DROPPING[request.param]
+    telemetry = Otel(sampler=sampler)
+    token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(UNSAMPLED_PARENT)))
+    try:
+        yield telemetry
+    finally:
+        otel_context.detach(token)
+        telemetry.close()
+
+
+@pytest.fixture
+def openai_v2_dropped(dropping: Otel) -> Iterator[OpenAIInstrumentor]:
+    instrumentor = OpenAIInstrumentor()
+    instrumentor.instrument(
+        tracer_provider=dropping.tracer_provider, meter_provider=dropping.meter_provider
+    )
+    try:
+        yield instrumentor
+    finally:
+        instrumentor.uninstrument()
 
 
 @pytest.mark.parametrize("genai_metrics", [False, True], ids=["default", "genai-opted-in"])
@@ -92,6 +138,63 @@ async def test_auto_mode_enriches_the_openai_v2_span_and_counts_genai_metrics_on
         assert sum(counts.values()) == (1 if name.endswith("duration") else 2), counts
     spec = counts_by_scope(otel, "spec_decode.acceptance_length")
     assert spec == {SCOPE_NAME: 1}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("span_mode", ["auto", "span"])
+async def test_opted_in_genai_metrics_count_once_beside_openai_v2_when_the_trace_is_dropped(
+    mode: str,
+    stream: bool,
+    span_mode: str,
+    dropping: Otel,
+    openai_v2_dropped: OpenAIInstrumentor,
+    openai_client: Any,
+    async_openai_client: Any,
+) -> None:
+    """openai-v2 (opentelemetry-instrumentation-openai-v2 2.4b0, patch.py
+    ``chat_completions_create_v_new``; opentelemetry-util-genai 1.1b0,
+    _inference_invocation.py ``_apply_finish``) records a chat call's duration and token
+    usage whether its span is sampled or not, while its span, sampled out, is a
+    ``NonRecordingSpan`` that tells nothing of whose it is. Ours must still stay out:
+    each call counted once, by them."""
+    dropping.instrument(mode=span_mode, genai_metrics=True)
+    kwargs = request_kwargs("vllm", "chat", stream, 67)
+    await run(mode, "chat", kwargs, openai_client, async_openai_client)
+
+    assert dropping.spans() == []  # the sampler dropped every span
+    for name in GENAI_METRICS:
+        counts = counts_by_scope(dropping, name)
+        assert SCOPE_NAME not in counts, (name, counts)
+        assert sum(counts.values()) == (1 if name.endswith("duration") else 2), counts
+    assert counts_by_scope(dropping, "spec_decode.acceptance_length") == {SCOPE_NAME: 1}
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+async def test_opted_in_genai_metrics_are_ours_alone_when_the_trace_is_dropped(
+    api: str, dropping: Otel, openai_client: Any
+) -> None:
+    """With no other GenAI instrumentation, a dropped trace changes nothing: the call's
+    GenAI metrics are ours, once."""
+    dropping.instrument(genai_metrics=True)
+    call_sync(openai_client, api, request_kwargs("vllm", api, True, 68))
+    assert dropping.spans() == []
+    assert counts_by_scope(dropping, "gen_ai.client.operation.duration") == {SCOPE_NAME: 1}
+    assert counts_by_scope(dropping, "gen_ai.client.token.usage") == {SCOPE_NAME: 2}
+
+
+async def test_opted_in_genai_metrics_are_ours_for_calls_openai_v2_does_not_wrap_when_dropped(
+    dropping: Otel, openai_v2_dropped: OpenAIInstrumentor, openai_client: Any
+) -> None:
+    """openai-v2 2.4b0 wraps chat ``create`` only (``__init__.py`` ``_instrument``): a
+    legacy completion and a chat ``parse()`` (openai 3.63.0 posts it without ``create``)
+    are recorded by no one else, sampled or not."""
+    dropping.instrument(genai_metrics=True)
+    call_sync(openai_client, "completions", request_kwargs("vllm", "completions", False, 69))
+    parse = request_kwargs("vllm", "chat", False, 70)
+    del parse["stream"]  # parse() takes none
+    openai_client.chat.completions.parse(**parse)
+    assert counts_by_scope(dropping, "gen_ai.client.operation.duration") == {SCOPE_NAME: 2}
 
 
 async def test_auto_mode_makes_our_own_span_where_openai_v2_has_none(

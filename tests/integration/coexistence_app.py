@@ -9,6 +9,9 @@ Environment:
   COEX_OTHER     openai-v2 | genai-openai | openinference | openllmetry
   COEX_ORDER     theirs-first | ours-first | theirs-only | ours-only
   COEX_EXTRA     set: the instrument way makes only the calls of ``EXTRA_CALLS`` instead
+  COEX_SAMPLER   ``always_on`` | ``always_off``: the instrument way's tracer provider
+                 samples so, and the report tells, call by call, how many GenAI client
+                 metric points each scope recorded (``genai``)
 
 Every call runs under a root span of its own named ``call <label>``, so the test groups
 the exported spans by call. In the instrument way the script then uninstruments
@@ -35,7 +38,9 @@ URL = os.environ["SIMULATOR_URL"]
 WAY = os.environ["COEX_WAY"]
 OTHER = os.environ["COEX_OTHER"]
 ORDER = os.environ["COEX_ORDER"]
+SAMPLER = os.environ.get("COEX_SAMPLER")
 MESSAGES = [{"role": "user", "content": "Name three prime numbers."}]
+GENAI_METRICS = ("gen_ai.client.operation.duration", "gen_ai.client.token.usage")
 
 #: The other instrumentation's instrumentor class, by the matrix's name for it.
 INSTRUMENTORS = {
@@ -125,6 +130,45 @@ def headers(seed: int) -> dict[str, str]:
     return {"x-sim-seed": str(seed)}
 
 
+class PerCall:
+    """The GenAI client metric points each scope recorded, call by call: the totals an
+    in-memory reader (cumulative) holds after a call, less those before it."""
+
+    def __init__(self) -> None:
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        self.reader = InMemoryMetricReader()
+        self.seen: dict[str, int] = {}
+        self.calls: dict[str, dict[str, int]] = {}
+
+    def totals(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        data = self.reader.get_metrics_data()
+        for rm in data.resource_metrics if data else ():
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name in GENAI_METRICS:
+                        key = f"{sm.scope.name} {metric.name}"
+                        points = metric.data.data_points  # histograms: each has a count
+                        out[key] = out.get(key, 0) + sum(p.count for p in points)
+        return out
+
+    def note(self, label: str) -> None:
+        now = self.totals()
+        self.calls[label] = {k: n - self.seen.get(k, 0) for k, n in now.items()}
+        self.calls[label] = {k: n for k, n in self.calls[label].items() if n}
+        self.seen = now
+
+
+#: Set when COEX_SAMPLER is: each call's GenAI metric points.
+PER_CALL: PerCall | None = None
+
+
+def note(label: str) -> None:
+    if PER_CALL is not None:
+        PER_CALL.note(label)
+
+
 def sync_calls(client: openai.OpenAI, labels: tuple[str, ...], seed: int) -> None:
     tracer = trace.get_tracer("coexistence-app")
     for i, label in enumerate(labels):
@@ -140,6 +184,7 @@ def sync_calls(client: openai.OpenAI, labels: tuple[str, ...], seed: int) -> Non
                     pass
             else:
                 client.chat.completions.create(messages=MESSAGES, **kwargs)
+        note(label)
 
 
 async def async_calls(client: openai.AsyncOpenAI, seed: int) -> None:
@@ -148,6 +193,7 @@ async def async_calls(client: openai.AsyncOpenAI, seed: int) -> None:
         await client.chat.completions.create(
             model="spec-sim", messages=MESSAGES, extra_headers=headers(seed)
         )
+    note("async-chat")
     with tracer.start_as_current_span("call async-chat-stream"):
         stream = await client.chat.completions.create(
             model="spec-sim",
@@ -158,6 +204,7 @@ async def async_calls(client: openai.AsyncOpenAI, seed: int) -> None:
         )
         async for _ in stream:
             pass
+    note("async-chat-stream")
     await client.close()
 
 
@@ -169,16 +216,24 @@ def providers() -> tuple[Any, Any]:
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
+    global PER_CALL
     endpoint = os.environ["OTLP_ENDPOINT"]
-    tracer_provider = TracerProvider()
+    sampler = {None: None, "always_on": ALWAYS_ON, "always_off": ALWAYS_OFF}[SAMPLER]
+    tracer_provider = TracerProvider(sampler=sampler)
     tracer_provider.add_span_processor(
         SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces"))
     )
-    reader = PeriodicExportingMetricReader(
-        OTLPMetricExporter(endpoint=f"{endpoint}/v1/metrics"), export_interval_millis=600_000
-    )
-    meter_provider = MeterProvider(metric_readers=[reader])
+    readers: list[Any] = [
+        PeriodicExportingMetricReader(
+            OTLPMetricExporter(endpoint=f"{endpoint}/v1/metrics"), export_interval_millis=600_000
+        )
+    ]
+    if SAMPLER is not None:
+        PER_CALL = PerCall()
+        readers.append(PER_CALL.reader)
+    meter_provider = MeterProvider(metric_readers=readers)
     trace.set_tracer_provider(tracer_provider)
     return tracer_provider, meter_provider
 
@@ -242,6 +297,8 @@ def main() -> None:
         now = snapshot()
         report["instrument_client_kept_classes"] = all(now[key] is after[key] for key in now)
 
+    if PER_CALL is not None:
+        report["genai"] = PER_CALL.calls
     client.close()
     finish(tracer_provider, meter_provider)
     print(json.dumps(report))

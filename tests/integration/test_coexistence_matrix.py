@@ -97,6 +97,9 @@ OTHER_SCOPES = {
     "genai-openai": "opentelemetry.instrumentation.genai.openai",
 }
 VARYING = frozenset({"gen_ai.response.id", "gen_ai.response.time_to_first_chunk", "output.value"})
+#: Samplers of the GenAI-metrics cases: one that keeps every trace and one that drops
+#: every trace (metrics do not depend on sampling, so neither may the count).
+SAMPLERS = ("always_on", "always_off")
 
 
 # --------------------------------------------------------------------------- OTLP in
@@ -260,24 +263,32 @@ class Matrix:
     venvs: Path
     workdir: Path
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2))
-    cases: dict[tuple[str, str, str, bool], Future[Case]] = field(default_factory=dict)
+    cases: dict[tuple[str, str, str, bool, str | None], Future[Case]] = field(default_factory=dict)
 
     def python(self, other: str) -> str:
         venv = OTHERS[other][0]
         return sys.executable if venv is None else str(self.venvs / venv / "bin" / "python")
 
-    def start(self, other: str, way: str, order: str, extra: bool = False) -> None:
-        key = (other, way, order, extra)
+    def start(
+        self, other: str, way: str, order: str, extra: bool = False, sampler: str | None = None
+    ) -> None:
+        key = (other, way, order, extra, sampler)
         if key not in self.cases:
-            self.cases[key] = self.pool.submit(self._run, other, way, order, extra)
+            self.cases[key] = self.pool.submit(self._run, other, way, order, extra, sampler)
 
-    def run(self, other: str, way: str, order: str, extra: bool = False) -> Case:
-        self.start(other, way, order, extra)
-        return self.cases[(other, way, order, extra)].result()
+    def run(
+        self, other: str, way: str, order: str, extra: bool = False, sampler: str | None = None
+    ) -> Case:
+        self.start(other, way, order, extra, sampler)
+        return self.cases[(other, way, order, extra, sampler)].result()
 
-    def _run(self, other: str, way: str, order: str, extra: bool = False) -> Case:
+    def _run(
+        self, other: str, way: str, order: str, extra: bool = False, sampler: str | None = None
+    ) -> Case:
         python = self.python(other)
         way_dir = f"{way}-extra" if extra else way
+        if sampler is not None:
+            way_dir = f"{way_dir}-{sampler}"
         ours = metadata_dir(
             self.workdir / f"{other}-{way_dir}-{order}-ours",
             distribution_files(sys.executable, "spec-decode-otel"),
@@ -303,6 +314,8 @@ class Matrix:
         }
         if extra:  # and the GenAI client metrics opted in
             env |= {"COEX_EXTRA": "1", "SPEC_DECODE_OTEL_GENAI_METRICS": "true"}
+        if sampler is not None:  # likewise, and each call's GenAI metric points reported
+            env |= {"COEX_SAMPLER": sampler, "SPEC_DECODE_OTEL_GENAI_METRICS": "true"}
         argv = [python, str(APP)]
         if way == "zero-code":
             argv = [str(Path(python).parent / "opentelemetry-instrument"), *argv]
@@ -350,6 +363,11 @@ def matrix(simulator_url: str, coexistence_venvs: Path) -> Iterator[Matrix]:
             for order in ("theirs-only", *ORDERS):
                 matrix.start(other, "instrument", order, extra=True)
         matrix.start("openai-v2", "instrument", "ours-only", extra=True)
+        for sampler in SAMPLERS:
+            matrix.start("openai-v2", "instrument", "ours-only", sampler=sampler)
+            for other in OTHERS:
+                for order in ORDERS:
+                    matrix.start(other, "instrument", order, sampler=sampler)
         try:
             yield matrix
         finally:
@@ -518,3 +536,53 @@ def test_openinference_parsing_in_its_wrapper_leaves_the_users_stream_recorded(
     ``parse()`` made is never read; the user's chunks must still end the call, read to
     the end, with its record."""
     assert_read_streams_recorded(matrix, "openinference", order)
+
+
+def genai_recorder(other: str | None, label: str) -> str:
+    """Who records a call's GenAI client metrics (duration, token usage) when another
+    instrumentation is loaded beside us with ``genai_metrics`` on: theirs for the calls
+    they record themselves, else ours. openai-v2 (2.4b0, ``__init__.py``) and
+    genai-openai (1.3b0, ``__init__.py``) wrap chat but not legacy completions;
+    OpenLLMetry (opentelemetry-instrumentation-openai 0.62.4, ``v1/__init__.py``) wraps
+    both, but passes its histograms to ``chat_wrapper`` only (``completion_wrapper``
+    gets the tracer alone); OpenInference (0.1.66) records no metrics at all."""
+    if other in ("openai-v2", "genai-openai", "openllmetry"):
+        return "ours" if label.endswith("completions") else "theirs"
+    return "ours"
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+@pytest.mark.parametrize(
+    ("other", "order"),
+    [("openai-v2", "ours-only"), *((other, order) for other in OTHERS for order in ORDERS)],
+)
+def test_opted_in_genai_metrics_count_each_call_once_whether_its_trace_is_sampled_or_not(
+    matrix: Matrix, other: str, order: str, sampler: str
+) -> None:
+    """Each call's GenAI client metrics are recorded once, by exactly one
+    instrumentation, whatever the sampler decides: the others record theirs whether
+    their span is sampled or not (openai-v2 2.4b0 with opentelemetry-util-genai 1.1b0,
+    ``_inference_invocation.py`` ``_apply_finish``; genai-openai 1.3b0 with
+    opentelemetry-util-genai 1.3b0, ``_invocation.py`` ``_record_client_metrics``;
+    OpenLLMetry 0.62.4, ``shared/chat_wrappers.py`` ``chat_wrapper``), and a span the
+    sampler drops is a ``NonRecordingSpan`` that names no instrumentation, so whether
+    ours stays out cannot rest on seeing their span. Alone (ours-only, in the test
+    environment) every call is ours; after ``uninstrument()`` none is."""
+    case = matrix.run(other, "instrument", order, sampler=sampler)
+    per_call: dict[str, dict[str, int]] = case.report["genai"]
+    assert sorted(per_call) == sorted([*CALLS, AFTER_UNINSTRUMENT, *CLIENT_CALLS])
+    duration = f"{SCOPE_NAME} gen_ai.client.operation.duration"
+    tokens = f"{SCOPE_NAME} gen_ai.client.token.usage"
+    for label, counts in per_call.items():
+        ours = {k: n for k, n in counts.items() if k in (duration, tokens)}
+        if label == AFTER_UNINSTRUMENT:
+            assert ours == {}, (label, counts)
+            continue
+        durations = [
+            n for k, n in counts.items() if k.endswith(" gen_ai.client.operation.duration")
+        ]
+        assert durations == [1], (label, counts)  # once, by one instrumentation
+        recorder = genai_recorder(None if order == "ours-only" else other, label)
+        assert ours == ({duration: 1, tokens: 2} if recorder == "ours" else {}), (label, counts)
+    if sampler == "always_off":
+        assert case.calls == {}  # the sampler dropped every span

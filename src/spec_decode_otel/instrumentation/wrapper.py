@@ -30,6 +30,7 @@ from spec_decode_otel.adapters.registry import registered_adapters
 from spec_decode_otel.instrumentation.call import Call, CallPlan
 from spec_decode_otel.instrumentation.coexistence import (
     is_foreign_genai_span,
+    recording_wrapper_on_stack,
     records_genai_metrics,
 )
 from spec_decode_otel.instrumentation.genai_metrics import GenAiMetrics
@@ -125,6 +126,7 @@ class Instrumentation:
             request=_sent_body(options) or body,
             streaming=streaming,
             include_usage=injected_usage or asked_usage is True or responses_api,
+            genai_metrics_recorded=self.genai_metrics is not None and recording_wrapper_on_stack(),
         )
         if self.settings.inject_traceparent:
             options = _inject_trace_context(options, plan.span)
@@ -143,11 +145,14 @@ class Instrumentation:
         streaming: bool,
         include_usage: bool,
         start_time: int | None = None,
+        genai_metrics_recorded: bool = False,
     ) -> CallPlan:
         """A call's span and metric attributes, for the openai wrapper and the LiteLLM
         callback alike. The span that is current in ``parent`` is enriched when the mode
         says so (``enrich``; ``auto`` and another GenAI instrumentation's span), unless an
-        earlier call enriched it already; otherwise the call gets a span of its own."""
+        earlier call enriched it already; otherwise the call gets a span of its own.
+        ``genai_metrics_recorded``: another instrumentation records the call's GenAI client
+        metrics (the openai wrapper found its wrapper on the stack), so we do not."""
         settings = self.settings
         model = model if isinstance(model, str) else None
         host, port = server
@@ -204,10 +209,13 @@ class Instrumentation:
             span=span,
             own_span=not enrich,
             metric_attributes=metric_attrs,
-            # The other instrumentation's span is this call's: it records the call's GenAI
-            # metrics, whether we enrich that span or (mode "span") start our own.
+            # Another instrumentation records the call's GenAI metrics (its wrapper is
+            # around the call, or its span is current): whether we enrich that span or
+            # (mode "span") start our own, and whether it was sampled or not.
             genai_metrics=(
-                None if foreign and records_genai_metrics(current) else self.genai_metrics
+                None
+                if genai_metrics_recorded or (foreign and records_genai_metrics(current))
+                else self.genai_metrics
             ),
             per_step_max_length=settings.per_step_max_length if settings.record_per_step else None,
             requested_sequences=requested_sequences,

@@ -246,22 +246,71 @@ def _flush_at_child_exit(built: Providers) -> None:
     multiprocessing.util.Finalize(None, built.shutdown, exitpriority=0)
 
 
+def _refused(what: str, exc: Exception, fallback: str = "") -> None:
+    """A RuntimeWarning, at the line that called ``spec_decode_otel.setup()``, that
+    ``what`` could not be had from the environment."""
+    warnings.warn(
+        f"spec_decode_otel.setup(): {what}: {exc} (a value of the OTEL_* variables the "
+        f"OpenTelemetry SDK refuses){fallback}",
+        RuntimeWarning,
+        stacklevel=5,  # _refused, its caller, sdk_setup.setup, spec_decode_otel.setup
+    )
+
+
 def _or_warn(signal: str, name: str, build: Callable[[str], _T]) -> _T | None:
     """``build(name)``, or None with a RuntimeWarning when the SDK refuses a value its
     variables gave it (``OTEL_METRIC_EXPORT_INTERVAL=0``, ``OTEL_EXPORTER_OTLP_TIMEOUT=abc``,
-    ``OTEL_EXPORTER_OTLP_PROTOCOL=grcp``) or the exporter ``name`` cannot be had: as under
-    ``opentelemetry-instrument``, the application runs on, without that exporter."""
+    ``OTEL_EXPORTER_OTLP_PROTOCOL=grcp``, ``OTEL_EXPORTER_OTLP_COMPRESSION=zstd`` over
+    gRPC) or the exporter ``name`` cannot be had: as under ``opentelemetry-instrument``,
+    the application runs on, without that exporter."""
     try:
         return build(name)
-    except ValueError as exc:
+    except Exception as exc:  # whatever an exporter raises, the application starts
         what = signal if name == "otlp" else f"{signal} (exporter {name!r})"
-        warnings.warn(
-            f"spec_decode_otel.setup(): {what} are not exported: {exc} (a value of the "
-            "OTEL_* variables the OpenTelemetry SDK refuses)",
-            RuntimeWarning,
-            stacklevel=4,  # the caller of spec_decode_otel.setup()
-        )
+        _refused(f"{what} are not exported", exc)
         return None
+
+
+def _tracer_provider(resource: Resource) -> TracerProvider:
+    """The SDK's TracerProvider, with the SDK's default span limits when the
+    environment's are refused (``OTEL_ATTRIBUTE_COUNT_LIMIT=abc``: ``SpanLimits`` raises)."""
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+
+    # Our atexit handler (bounded) stops it: the SDK's own would wait without a bound.
+    try:
+        return TracerProvider(resource=resource, shutdown_on_exit=False)
+    except ValueError as exc:
+        _refused("span limits", exc, "; the SDK's defaults are used")
+    # The specification's defaults: 128 of each, attribute values of any length.
+    limits = SpanLimits(
+        max_attributes=128,
+        max_events=128,
+        max_links=128,
+        max_span_attributes=128,
+        max_event_attributes=128,
+        max_link_attributes=128,
+        max_attribute_length=SpanLimits.UNSET,
+        max_span_attribute_length=SpanLimits.UNSET,
+    )
+    return TracerProvider(resource=resource, shutdown_on_exit=False, span_limits=limits)
+
+
+def _meter_provider(resource: Resource, readers: list[MetricReader]) -> MeterProvider:
+    """The SDK's MeterProvider, with the SDK's default exemplar filter (``trace_based``)
+    when the environment's is refused (``OTEL_METRICS_EXEMPLAR_FILTER``, which the SDK
+    reads before it takes the readers)."""
+    from opentelemetry.sdk.metrics import MeterProvider, TraceBasedExemplarFilter
+
+    try:
+        return MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
+    except ValueError as exc:
+        _refused("exemplar filter", exc, "; the SDK's default, trace_based, is used")
+    return MeterProvider(
+        resource=resource,
+        metric_readers=readers,
+        shutdown_on_exit=False,
+        exemplar_filter=TraceBasedExemplarFilter(),
+    )
 
 
 def _resource(service_name: str | None) -> Resource:
@@ -305,8 +354,9 @@ def setup(
     """
     global _built
     try:
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.trace import TracerProvider
+        # the otlp extra is installed
+        import opentelemetry.sdk.metrics
+        import opentelemetry.sdk.trace  # noqa: F401
     except ImportError as exc:
         raise ImportError(_MISSING_EXTRA) from exc
 
@@ -326,8 +376,7 @@ def setup(
         resource = _resource(service_name)
 
         exporting = False
-        # Our atexit handler (bounded) stops them: the SDK's own would wait without a bound.
-        tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        tracer_provider = _tracer_provider(resource)
         for processor in span_processors:
             tracer_provider.add_span_processor(processor)
         readers = list(metric_readers)
@@ -341,9 +390,7 @@ def setup(
             if exporting_reader is not None:
                 readers.append(exporting_reader)
                 exporting = True
-        meter_provider = MeterProvider(
-            resource=resource, metric_readers=readers, shutdown_on_exit=False
-        )
+        meter_provider = _meter_provider(resource, readers)
 
         if set_global:
             trace.set_tracer_provider(tracer_provider)

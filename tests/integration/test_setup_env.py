@@ -357,3 +357,70 @@ def test_an_exporter_name_nothing_provides_warns_naming_it_and_exports_no_otlp(
     assert "RuntimeWarning: spec_decode_otel.setup(): metrics" in done.stderr, done.stderr
     assert "OTEL_METRICS_EXPORTER names 'prometheus'" in done.stderr, done.stderr
     assert "<string>:3: RuntimeWarning" in done.stderr, done.stderr  # the setup() line
+
+
+# ------------------------------------------------------------------ values the SDK refuses
+
+
+@pytest.mark.parametrize(
+    ("env", "warned", "exported"),
+    [
+        (
+            {"OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"},
+            [
+                "spans are not exported",
+                "metrics are not exported",
+                "OTEL_EXPORTER_OTLP_COMPRESSION",
+            ],
+            set(),
+        ),
+        (
+            {"OTEL_METRICS_EXEMPLAR_FILTER": "sometimes"},
+            ["exemplar filter", "'sometimes'"],
+            {"spans", "metrics"},
+        ),
+        (
+            {"OTEL_ATTRIBUTE_COUNT_LIMIT": "lots"},
+            ["span limits", "OTEL_ATTRIBUTE_COUNT_LIMIT"],
+            {"spans", "metrics"},
+        ),
+        (
+            {"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "-3"},
+            ["span limits", "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT"],
+            {"spans", "metrics"},
+        ),
+    ],
+    ids=["grpc-compression", "exemplar-filter", "attribute-count", "negative-length"],
+)
+def test_an_otel_value_the_sdk_refuses_never_stops_the_application(
+    simulator_url: str,
+    collector: Collector,
+    sink: Sink,
+    env: dict[str, str],
+    warned: list[str],
+    exported: set[str],
+) -> None:
+    """The SDK raises on these while building what ``setup()`` builds (opentelemetry-sdk
+    1.45.2: ``SpanLimits`` in ``trace/__init__.py`` "must be a non-negative integer",
+    ``_get_exemplar_filter`` in ``metrics/_internal/__init__.py`` "Unknown exemplar
+    filter"; opentelemetry-exporter-otlp-proto-grpc 1.45.2 ``exporter.py``
+    ``InvalidCompressionValueException``, gRPC knowing only gzip and deflate). Under
+    ``opentelemetry-instrument`` that costs the telemetry ("Failed to auto initialize
+    OpenTelemetry") and the application runs; ``setup()`` let each one out, so the
+    application died at start-up over a telemetry variable (only a ``ValueError`` from an
+    exporter was caught). Each warns, naming the value: an exporter that cannot be built
+    is left out, a provider refusing its limits or exemplar filter gets the SDK's
+    defaults for them, and the calls go on."""
+    done = run_app(
+        ONE_CALL, simulator_url, OTEL_EXPORTER_OTLP_ENDPOINT=collector.grpc_endpoint, **env
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    for said in warned:
+        assert said in done.stderr, done.stderr
+    assert "<string>:3: RuntimeWarning: spec_decode_otel.setup()" in done.stderr, done.stderr
+    arrived = set()
+    if span_names(sink) == ["chat spec-sim"]:
+        arrived.add("spans")
+    if "spec_decode.acceptance_length" in sink.metric_names():
+        arrived.add("metrics")
+    assert arrived == exported

@@ -395,3 +395,45 @@ def test_position_panels_number_draft_positions_from_zero(dashboard: dict[str, A
             said.append((p["title"], int(m.group(1))))
     assert said, "no panel says which position is the first drafted token"
     assert all(p == first for _, p in said), (first, said)
+
+
+def test_dashboard_tells_servers_apart_by_port(dashboard: dict[str, Any]) -> None:
+    """A server is its address and port (server.address / server.port of the client's
+    base_url): two engines on one host (ports 8000 and 8001) are two servers. The
+    dashboard filtered by server_address only, so picking a host showed both engines
+    merged. A ``port`` variable lists the ports of the chosen servers, every selector
+    that filters the server filters its port too (the "Client vs server" row, which
+    shows each server as address:port, selects by address only), and every breakdown
+    by server keeps the port."""
+    variables = _variables(dashboard)
+    names = [v["name"] for v in dashboard["templating"]["list"]]
+    assert "port" in variables, names
+    assert names.index("port") == names.index("server") + 1, names
+    port = variables["port"]
+    query = port["query"]["query"] if isinstance(port["query"], dict) else port["query"]
+    m = re.fullmatch(r"label_values\((.+),\s*server_port\)", query)
+    assert m and 'server_address=~"$server"' in m.group(1), query
+    # The servers' own query, narrowed to the chosen servers.
+    server = variables["server"]["query"]
+    server_query = server["query"] if isinstance(server, dict) else server
+    narrowed = server_query.removeprefix("label_values(").split("}", 1)[0]
+    assert m.group(1).startswith(narrowed), (query, server_query)
+    assert port["includeAll"] and port["allValue"] == ".*" and port["multi"]
+    client_vs_server, inside = set(), False
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            inside = panel["title"].startswith("Client vs server")
+        elif inside:
+            client_vs_server.add(panel["id"])
+    assert client_vs_server
+    exprs = [t["expr"] for p in _all_panels(dashboard) for t in p.get("targets", [])]
+    for p in _all_panels(dashboard):
+        for t in p.get("targets", []):
+            for selector in re.findall(r"\{[^}]*\}", t["expr"]):
+                if "$server" in selector and p["id"] not in client_vs_server:
+                    assert 'server_port=~"$port"' in selector, (p["title"], selector)
+    for expr in exprs:
+        for by in re.findall(r"by \(([^)]*)\)", expr):
+            labels = {label.strip() for label in by.split(",")}
+            assert "server_address" not in labels or "server_port" in labels, expr
+    assert any('server_port=~"$port"' in e for e in exprs)

@@ -11,13 +11,14 @@ and, once for both runs, every PromQL expression of the shipped Grafana dashboar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from e2e_stack import (
     prom_scalar,
 )
 
-from conftest import PROTOCOLS, Reconciliation, Workload
+from conftest import PROTOCOLS, Reconciliation, Workload, host_port
 from simulator_process import SimulatorProcess
 
 try:  # the instrumentation's bound on per-position series
@@ -320,6 +321,7 @@ def _variables(workloads: dict[str, Workload], **extra: str) -> dict[str, str]:
         "model": ".*",
         "engine": ".*",
         "server": ".*",
+        "port": ".*",
         "dimension": "workload",
         "__rate_interval": "5m",
         "__range": "10m",
@@ -484,27 +486,12 @@ def test_token_weighted_acceptance_length_counts_only_requests_with_verify_steps
 LLAMACPP_CALLS = 6
 
 
-def _instrumented_calls(
-    stack: Stack,
-    prom: httpx.Client,
-    base_url: str,
-    service: str,
-    model: str,
-    calls: int,
-    *,
-    delta: bool = False,
-    pause: float = 0.0,
-    first_scraped: bool = False,
-) -> None:
-    """``calls`` chat completions (every other one streamed) to ``base_url`` from a client
-    instrumented with its own providers (service ``service``), exported over OTLP/gRPC to
-    the stack; returns once Prometheus has counted them all. ``delta``: the exporter
-    prefers delta temporality, as OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta
-    makes it; ``pause``: seconds between calls; ``first_scraped``: the other calls wait
-    until Prometheus has counted the first, so ``rate()`` over the series sees them (a
-    series whose first sample already holds every call has a rate of 0, and
-    ``histogram_quantile`` of zero rates is NaN)."""
-    import openai
+@contextlib.contextmanager
+def _instrumented(stack: Stack, service: str, *, delta: bool = False) -> Iterator[Any]:
+    """The ``openai`` SDK instrumented with providers of its own (service ``service``),
+    exporting over OTLP/gRPC to the stack every 100 ms; yields the meter provider.
+    ``delta``: the exporter prefers delta temporality, as
+    OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta makes it."""
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider, ObservableCounter
     from opentelemetry.sdk.metrics.export import (
@@ -533,24 +520,50 @@ def _instrumented_calls(
     tracer_provider = TracerProvider(resource=resource)
     instrumentor = SpecDecodeInstrumentor()
     instrumentor.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
-    messages = [{"role": "user", "content": "Count these calls."}]
-    usage = {"stream_options": {"include_usage": True}}
     try:
-        with openai.OpenAI(api_key="sk-e2e", base_url=base_url, max_retries=0) as client:
-            create: Callable[..., Any] = client.chat.completions.create
-            for i in range(calls):
-                if i % 2:
-                    assert list(create(model=model, messages=messages, stream=True, **usage))
-                else:
-                    create(model=model, messages=messages)
-                time.sleep(pause)
-                if first_scraped and i == 0:
-                    _wait_for_count(meter_provider, prom, service, 1)
+        yield meter_provider
     finally:
         instrumentor.uninstrument()
-    _wait_for_count(meter_provider, prom, service, calls)
-    meter_provider.shutdown()
-    tracer_provider.shutdown()
+        meter_provider.shutdown()
+        tracer_provider.shutdown()
+
+
+def _instrumented_calls(
+    stack: Stack,
+    prom: httpx.Client,
+    base_url: str,
+    service: str,
+    model: str,
+    calls: int,
+    *,
+    delta: bool = False,
+    pause: float = 0.0,
+    first_scraped: bool = False,
+) -> None:
+    """``calls`` chat completions (every other one streamed) to ``base_url`` from a client
+    instrumented with its own providers (service ``service``, see ``_instrumented``);
+    returns once Prometheus has counted them all. ``pause``: seconds between calls;
+    ``first_scraped``: the other calls wait until Prometheus has counted the first, so
+    ``rate()`` over the series sees them (a series whose first sample already holds every
+    call has a rate of 0, and ``histogram_quantile`` of zero rates is NaN)."""
+    import openai
+
+    messages = [{"role": "user", "content": "Count these calls."}]
+    usage = {"stream_options": {"include_usage": True}}
+    with (
+        _instrumented(stack, service, delta=delta) as meter_provider,
+        openai.OpenAI(api_key="sk-e2e", base_url=base_url, max_retries=0) as client,
+    ):
+        create: Callable[..., Any] = client.chat.completions.create
+        for i in range(calls):
+            if i % 2:
+                assert list(create(model=model, messages=messages, stream=True, **usage))
+            else:
+                create(model=model, messages=messages)
+            time.sleep(pause)
+            if first_scraped and i == 0:
+                _wait_for_count(meter_provider, prom, service, 1)
+        _wait_for_count(meter_provider, prom, service, calls)
 
 
 def _dashboard_reads(
@@ -584,6 +597,7 @@ def _all_of(service: str, *, rate_interval: str, range_: str) -> dict[str, str]:
         "model": ".*",
         "engine": ".*",
         "server": ".*",
+        "port": ".*",
         "dimension": "job",
         "__rate_interval": rate_interval,
         "__range": range_,
@@ -659,7 +673,13 @@ def test_dashboard_shows_a_llamacpp_only_service(
     read from spec_decode_acceptance_length_count, so a llama.cpp-only deployment had
     empty drop-downs), and "Requests with acceptance data" must count its calls."""
     dashboard = _dashboard()
-    chosen = {"service": llamacpp_only["service"], "model": ".*", "engine": ".*", "server": ".*"}
+    chosen = {
+        "service": llamacpp_only["service"],
+        "model": ".*",
+        "engine": ".*",
+        "server": ".*",
+        "port": ".*",
+    }
     for var in dashboard["templating"]["list"]:
         if var["name"] not in ("service", "model", "engine", "server"):
             continue
@@ -912,3 +932,87 @@ def test_acceptance_length_quantiles_resolve_drafts_up_to_64_tokens(
     assert not problems, "\n".join(problems)
     # And so for every k whose positions have their own series.
     assert ACCEPTANCE_LENGTH_BUCKETS[-1] >= MAX_DRAFT_POSITIONS + 1
+
+
+#: Calls from one service to each of two vLLM servers on one host: (calls answered with
+#: statistics, streams made without include_usage, which vLLM answers without them).
+TWO_PORTS_CALLS = {"a": (4, 0), "b": (2, 3)}
+
+
+@pytest.fixture(scope="module")
+def two_ports(e2e_stack: Stack, prom: httpx.Client) -> dict[str, Any]:
+    """One service calls two vLLM servers (simulators) on 127.0.0.1, each on its own
+    port, with the calls of TWO_PORTS_CALLS: half of each server's calls, then, once
+    Prometheus has counted them (so rate() sees the rest), the other half. The service,
+    the host and each server's port."""
+    import openai
+
+    service = f"sdo-e2e-two-ports-{uuid.uuid4().hex[:8]}"
+    servers = {name: SimulatorProcess(["--engine", "vllm", "--k", "3"]) for name in TWO_PORTS_CALLS}
+    messages = [{"role": "user", "content": "Which port am I on?"}]
+    try:
+        for server in servers.values():
+            server.start()
+        with _instrumented(e2e_stack, service) as meter_provider:
+            done = 0
+            for half in (0, 1):
+                for name, (with_stats, without) in TWO_PORTS_CALLS.items():
+                    url = servers[name].base_url
+                    with openai.OpenAI(api_key="sk-e2e", base_url=url, max_retries=0) as client:
+                        create: Callable[..., Any] = client.chat.completions.create
+                        for _ in range(with_stats // 2 + (with_stats % 2) * half):
+                            create(model="m", messages=messages)
+                            done += 1
+                        for _ in range(without // 2 + (without % 2) * half):
+                            assert list(create(model="m", messages=messages, stream=True))
+                            done += 1
+                _wait_for_count(meter_provider, prom, service, done)
+        ports = {name: str(host_port(s.base_url)[1]) for name, s in servers.items()}
+    finally:
+        for server in servers.values():
+            server.stop()
+    assert done == sum(a + b for a, b in TWO_PORTS_CALLS.values())
+    return {"service": service, "host": "127.0.0.1", "ports": ports}
+
+
+def test_two_servers_on_one_host_stay_apart(two_ports: dict[str, Any], prom: httpx.Client) -> None:
+    """Two engines on one host (vLLM on two ports of 127.0.0.1): server.address is the
+    same, server.port is not, and a user running both wants them apart. On the real
+    Prometheus (2.42, the shipped rules evaluated every second):
+      - the share of calls with statistics (job_model_server rules) is one series per
+        port: 1 for the server that answers every call with statistics, under 1 for the
+        one whose streams have none (merged, the host read one figure for both);
+      - the dashboard's ``port`` variable lists both ports of the host, and with a port
+        chosen, "Requests with acceptance data" counts that server's calls only."""
+    service, host, ports = two_ports["service"], two_ports["host"], two_ports["ports"]
+    job = f'job="{service}"'
+    rule = "job_model_server:spec_decode_requests_with_stats:ratio_rate5m"
+    deadline = time.monotonic() + 60
+    while True:
+        got = prom_by_label(prom, f"last_over_time({rule}{{{job}}}[5m])", "server_port")
+        if set(got) == set(ports.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert set(got) == set(ports.values()), f"{rule}: {got}, want one series per port {ports}"
+    assert got[ports["a"]] == 1.0, got
+    assert 0.0 < got[ports["b"]] < 1.0, got
+
+    dashboard = _dashboard()
+    (port_var,) = [v for v in dashboard["templating"]["list"] if v["name"] == "port"]
+    query = port_var["query"]["query"] if isinstance(port_var["query"], dict) else port_var["query"]
+    m = re.fullmatch(r"label_values\((.+),\s*server_port\)", query.strip())
+    assert m, query
+    chosen = {"service": service, "model": ".*", "engine": ".*", "server": host}
+    listed = prom_label_values(prom, "server_port", _substitute(m.group(1), chosen))
+    assert sorted(listed) == sorted(ports.values()), (listed, ports)
+
+    (stat,) = [
+        t["expr"] for p, t in _targets(dashboard) if p["title"] == "Requests with acceptance data"
+    ]
+    for name, port in ports.items():
+        variables = {**chosen, "port": port, "dimension": "job", "__range": "10m"}
+        _close(
+            prom_scalar(prom, _substitute(_as_totals(stat), variables)),
+            TWO_PORTS_CALLS[name][0],
+            f"Requests with acceptance data, port {port}",
+        )

@@ -54,21 +54,27 @@ SHUTDOWN_TIMEOUT_S = 5.0
 _T = TypeVar("_T")
 
 
-def _flush_and_stop(provider: TracerProvider | MeterProvider) -> None:
+def _flush_and_stop(provider: TracerProvider | MeterProvider, stop: bool = True) -> None:
     # A dead or hung collector must not fail the application's exit.
     with contextlib.suppress(Exception):
         provider.force_flush(int(SHUTDOWN_TIMEOUT_S * 1000))
-    with contextlib.suppress(Exception):
-        provider.shutdown()
+    if stop:
+        with contextlib.suppress(Exception):
+            provider.shutdown()
 
 
 @dataclass
 class Providers:
-    """What :func:`setup` built, for tests and for flushing by hand."""
+    """The providers :func:`setup` records into, for tests and for flushing by hand.
+
+    ``exporting``: whether ``setup()`` built an exporter. A provider the application (or
+    ``opentelemetry-instrument``) had installed already is flushed but not stopped.
+    """
 
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
     exporting: bool
+    _borrowed: tuple[TracerProvider | MeterProvider, ...] = field(default=(), repr=False)
     _stopped: bool = field(default=False, init=False, repr=False)
 
     def shutdown(self) -> None:
@@ -94,9 +100,10 @@ class Providers:
         deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
         started: list[threading.Thread] = []
         for name, provider in providers.items():
+            stop = not any(provider is borrowed for borrowed in self._borrowed)
             worker = threading.Thread(
                 target=_flush_and_stop,
-                args=(provider,),
+                args=(provider, stop),
                 name=f"spec-decode-otel-{name}-flush",
                 daemon=True,
             )
@@ -106,7 +113,7 @@ class Providers:
                 # CPython 3.12.0 and 3.12.1 start no thread from an atexit handler
                 # ("can't create new thread at interpreter shutdown", gh-113964): flush
                 # here, in turn and without the bound, rather than not at all.
-                _flush_and_stop(provider)
+                _flush_and_stop(provider, stop)
                 continue
             started.append(worker)
         for worker in started:
@@ -331,8 +338,48 @@ def _resource(service_name: str | None) -> Resource:
     return resource
 
 
+def _warn_borrowed(
+    tracer_provider: TracerProvider | None, meter_provider: MeterProvider | None, readers: bool
+) -> None:
+    kinds = (("TracerProvider", tracer_provider), ("MeterProvider", meter_provider))
+    installed = " and ".join(kind for kind, provider in kinds if provider is not None)
+    lost = ""
+    if meter_provider is not None and readers:
+        lost = "; the metric_readers passed to setup() cannot be added to it and get nothing"
+    warnings.warn(
+        f"spec_decode_otel.setup(): an OpenTelemetry SDK {installed} is already installed "
+        "(by the application or opentelemetry-instrument); setup() records into it, and "
+        f"its exporters, sampler and resource apply, not setup()'s{lost}",
+        RuntimeWarning,
+        stacklevel=4,  # _warn_borrowed, sdk_setup.setup, spec_decode_otel.setup
+    )
+
+
+def _installed() -> tuple[TracerProvider | None, MeterProvider | None]:
+    """The SDK providers already installed as the global ones (by the application, or by
+    ``opentelemetry-instrument``), other than those of an earlier ``setup()``: the API
+    keeps the first provider set, so ``setup()`` records into these instead."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
+    found: list[Any] = []
+    for get, kind in (
+        (trace.get_tracer_provider, TracerProvider),
+        (metrics.get_meter_provider, MeterProvider),
+    ):
+        try:  # it loads OTEL_PYTHON_TRACER_PROVIDER's provider, if one is named
+            provider: Any = get()
+        except Exception:
+            provider = None
+        usable = isinstance(provider, kind) and not any(provider is p for p in _made)
+        found.append(provider if usable else None)
+    return found[0], found[1]
+
+
 _lock = threading.Lock()
 _built: Providers | None = None
+#: Every provider setup() made (a stopped one may still be the global one).
+_made: list[TracerProvider | MeterProvider] = []
 
 
 def setup(
@@ -373,35 +420,52 @@ def setup(
         if _built is not None and instrumentor.is_instrumented_by_opentelemetry:
             # Still instrumented with the providers since stopped: the new ones replace them.
             instrumentor.uninstrument()
-        resource = _resource(service_name)
+        installed_tracer, installed_meter = _installed() if set_global else (None, None)
+        resource = installed_tracer.resource if installed_tracer else _resource(service_name)
 
         exporting = False
-        tracer_provider = _tracer_provider(resource)
+        if installed_tracer is None:
+            tracer_provider = _tracer_provider(resource)
+            for name in _exporter_names("TRACES"):
+                exporting_processor = _or_warn("spans", name, _span_processor)
+                if exporting_processor is not None:
+                    tracer_provider.add_span_processor(exporting_processor)
+                    exporting = True
+        else:
+            tracer_provider = installed_tracer
         for processor in span_processors:
             tracer_provider.add_span_processor(processor)
-        readers = list(metric_readers)
-        for name in _exporter_names("TRACES"):
-            exporting_processor = _or_warn("spans", name, _span_processor)
-            if exporting_processor is not None:
-                tracer_provider.add_span_processor(exporting_processor)
-                exporting = True
-        for name in _exporter_names("METRICS"):
-            exporting_reader = _or_warn("metrics", name, _metric_reader)
-            if exporting_reader is not None:
-                readers.append(exporting_reader)
-                exporting = True
-        meter_provider = _meter_provider(resource, readers)
+        if installed_meter is None:
+            readers = list(metric_readers)
+            for name in _exporter_names("METRICS"):
+                exporting_reader = _or_warn("metrics", name, _metric_reader)
+                if exporting_reader is not None:
+                    readers.append(exporting_reader)
+                    exporting = True
+            meter_provider = _meter_provider(resource, readers)
+        else:
+            meter_provider = installed_meter
+        borrowed = tuple(p for p in (installed_tracer, installed_meter) if p is not None)
+        if borrowed:
+            _warn_borrowed(installed_tracer, installed_meter, bool(metric_readers))
 
         if set_global:
-            trace.set_tracer_provider(tracer_provider)
-            metrics.set_meter_provider(meter_provider)
-        built = Providers(tracer_provider, meter_provider, exporting)
+            if installed_tracer is None:
+                trace.set_tracer_provider(tracer_provider)
+            if installed_meter is None:
+                metrics.set_meter_provider(meter_provider)
+        built = Providers(tracer_provider, meter_provider, exporting, borrowed)
+        _made.extend(p for p in (tracer_provider, meter_provider) if p not in borrowed)
         atexit.register(built.shutdown)
         # A multiprocessing child (fork) ends with os._exit, where atexit never runs:
         # flush there at multiprocessing's own exit.
         multiprocessing.util.register_after_fork(built, _flush_at_child_exit)
+        # An installed provider is the global one: passed as None, as the instrumentation
+        # opentelemetry-instrument made has it, so that one is not told of other settings.
         instrumentor.instrument(
-            tracer_provider=tracer_provider, meter_provider=meter_provider, **instrument_options
+            tracer_provider=None if installed_tracer else tracer_provider,
+            meter_provider=None if installed_meter else meter_provider,
+            **instrument_options,
         )
         _built = built
         return built

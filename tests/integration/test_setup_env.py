@@ -13,10 +13,13 @@ exporters 1.45.2, which read their own endpoint, header and protocol variables.
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from collector_sink import Collector, Sink, attributes, running_collector, running_sink
@@ -424,3 +427,141 @@ def test_an_otel_value_the_sdk_refuses_never_stops_the_application(
     if "spec_decode.acceptance_length" in sink.metric_names():
         arrived.add("metrics")
     assert arrived == exported
+
+
+# ------------------------------------------------------------------ providers already set
+
+APP_PROVIDERS = """
+import json, os, warnings, openai
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+import spec_decode_otel
+
+spans = InMemorySpanExporter()
+tracer_provider = TracerProvider(resource=Resource.create({"service.name": "the-app"}))
+tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+trace.set_tracer_provider(tracer_provider)
+reader = InMemoryMetricReader()
+if os.environ["INSTALLED"] == "both":
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    built = spec_decode_otel.setup("from-setup")
+client = openai.OpenAI(base_url=os.environ["SIMULATOR_URL"], api_key="sk-test", max_retries=0)
+with trace.get_tracer("app").start_as_current_span("handler"):
+    client.chat.completions.create(model="spec-sim", messages=[{"role": "user", "content": "hi"}])
+client.close()
+got = {s.name: s for s in spans.get_finished_spans()}
+data = reader.get_metrics_data()
+print(json.dumps({
+    "spans": sorted(got),
+    "child": got["chat spec-sim"].parent.span_id == got["handler"].context.span_id
+    if "chat spec-sim" in got and "handler" in got else None,
+    "app_metrics": sorted(
+        m.name for rm in (data.resource_metrics if data else []) for sm in rm.scope_metrics
+        for m in sm.metrics
+    ),
+    "returned_global": built.tracer_provider is trace.get_tracer_provider(),
+    "warnings": [(w.filename, str(w.message)) for w in caught],
+}))
+"""
+
+
+@pytest.mark.parametrize("installed", ["both", "tracer-only"])
+def test_setup_records_into_the_providers_the_application_installed(
+    simulator_url: str, collector: Collector, sink: Sink, installed: str
+) -> None:
+    """An application that set up the SDK itself, then calls ``setup()`` (a library's
+    or a template's): the OpenTelemetry API keeps the first global provider ("Overriding
+    of current TracerProvider is not allowed", opentelemetry-api 1.45.2
+    ``trace/__init__.py``), and ``setup()`` instrumented with the providers it had just
+    built anyway. The call's span went to a provider of its own, out of the application's
+    pipeline (its trace cut in two, under another service name; with no endpoint set,
+    lost), beside a set of exporters that exported nothing else. ``setup()`` now records
+    into an SDK provider already installed, says so with a RuntimeWarning at the caller's
+    line, and builds only what is missing: here the MeterProvider, exported as the
+    ``OTEL_*`` variables say, with the application's resource."""
+    done = run_app(
+        APP_PROVIDERS,
+        simulator_url,
+        INSTALLED=installed,
+        OTEL_EXPORTER_OTLP_ENDPOINT=collector.grpc_endpoint,
+    )
+    report = json.loads(done.stdout)
+    assert report["spans"] == ["chat spec-sim", "handler"]
+    assert report["child"] is True
+    assert report["returned_global"] is True
+    assert span_names(sink) == []  # the application's pipeline has the spans
+    (warning,) = report["warnings"]
+    assert warning[0] == "<string>"
+    assert "already installed" in warning[1]
+    if installed == "both":
+        assert "spec_decode.acceptance_length" in report["app_metrics"]
+        assert sink.metric_names() == set()
+    else:
+        assert report["app_metrics"] == []
+        resources = [resource for resource, _ in sink.metrics()]
+        assert resources, "setup()'s own MeterProvider exported nothing"
+        assert {r["service.name"] for r in resources} == {"the-app"}
+
+
+ZERO_CODE_SETUP = """
+import json, os, openai, spec_decode_otel
+from opentelemetry import trace
+built = spec_decode_otel.setup("from-setup")
+client = openai.OpenAI(base_url=os.environ["SIMULATOR_URL"], api_key="sk-test", max_retries=0)
+client.chat.completions.create(model="spec-sim", messages=[{"role": "user", "content": "hi"}])
+client.close()
+print(json.dumps({
+    "returned_global": built.tracer_provider is trace.get_tracer_provider(),
+    "exporting": built.exporting,
+}))
+"""
+
+
+def test_setup_under_opentelemetry_instrument_uses_the_providers_it_configured(
+    simulator_url: str, collector: Collector, sink: Sink, tmp_path: Path
+) -> None:
+    """An application with ``setup()`` in its code, run under ``opentelemetry-instrument``
+    (opentelemetry-distro 0.66b2 sets the SDK up first, from the same ``OTEL_*``
+    variables, and instruments through our entry point). ``setup()`` built a second set
+    of providers and exporters that nothing used (the global ones were the distro's, and
+    so were the instrumentation's), logged "Overriding of current TracerProvider is not
+    allowed", warned "already instrumented; the first settings stay" though it was given
+    no settings, and returned providers that were not the ones recording. It uses the
+    distro's providers: the call is exported once, as the distro exports it."""
+    instrument = shutil.which("opentelemetry-instrument")
+    assert instrument, "opentelemetry-distro's opentelemetry-instrument is not installed"
+    app = tmp_path / "app.py"
+    app.write_text(ZERO_CODE_SETUP)
+    done = subprocess.run(
+        [instrument, sys.executable, str(app)],
+        env=clean_env(
+            SIMULATOR_URL=simulator_url,
+            OTEL_SERVICE_NAME="zero-code-service",
+            OTEL_TRACES_EXPORTER="otlp",
+            OTEL_METRICS_EXPORTER="otlp",
+            OTEL_LOGS_EXPORTER="none",
+            OTEL_EXPORTER_OTLP_ENDPOINT=collector.grpc_endpoint,
+            OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="openai",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report == {"returned_global": True, "exporting": False}
+    assert "Overriding of current" not in done.stderr, done.stderr
+    assert "already instrumented" not in done.stderr, done.stderr
+    assert "already installed" in done.stderr, done.stderr
+    assert [(r["service.name"], s.name) for r, s in sink.spans()] == [
+        ("zero-code-service", "chat spec-sim")
+    ]
+    assert "spec_decode.acceptance_length" in sink.metric_names()

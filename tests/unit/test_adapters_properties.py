@@ -526,9 +526,12 @@ def corrupted_sglang(draw):
         assume(bad is not _REMOVED and bad is not None)  # absent histogram = older builds
         assume(bad != [])  # [] with steps > 0 is SGLang's "no histogram": partial, valid
         if isinstance(bad, list) and len(bad) > len(orig):
-            # The length is only a lower bound on k + 1: an extra zero bucket contradicts
-            # nothing until it passes k (= proposed / steps).
-            assume(bad[-1] != 0 or len(bad) > c["k"] + 1)
+            # A trailing zero bucket contradicts no count, even past k + 1: the record
+            # keeps nonzero buckets only. (SGLang 0.5.23 never sends one: its
+            # ``update_spec_correct_drafts_histogram``, schedule_batch.py, grows the list
+            # to the largest acceptance seen.) An earlier version of this assumption
+            # kept such a bucket past k + 1 and expected no record: a rare random failure.
+            assume(bad[-1] != 0)
         details[field] = bad
     elif field == "inconsistent":
         target = draw(st.sampled_from(["spec_verify_ct", "spec_num_correct_drafts"]))

@@ -35,12 +35,19 @@ def _env_bool(name: str, default: bool) -> bool:
 
 
 def _env_int(name: str, default: int) -> int:
+    """A whole number, 0 or more (every integer setting is a count or a length)."""
     raw = os.environ.get(ENV_PREFIX + name, "").strip()
+    if not raw:
+        return default
     try:
-        return int(raw) if raw else default
-    except ValueError:
+        value = int(raw)
+    except ValueError:  # also for more digits than int() reads (sys.get_int_max_str_digits)
         _ignored(name, raw, f"not an integer; {default} is used")
         return default
+    if value < 0:
+        _ignored(name, raw, f"negative; {default} is used")
+        return default
+    return value
 
 
 def _env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
@@ -52,7 +59,8 @@ def _env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
 
 
 def _ignored(name: str, value: str, why: str) -> None:
-    warnings.warn(f"{ENV_PREFIX}{name}={value!r}: {why}", RuntimeWarning, stacklevel=2)
+    shown = repr(value) if len(value) <= 100 else f"{value[:100]!r}... ({len(value)} characters)"
+    warnings.warn(f"{ENV_PREFIX}{name}={shown}: {why}", RuntimeWarning, stacklevel=2)
 
 
 def _env_list(name: str) -> tuple[str, ...]:
@@ -115,6 +123,9 @@ class Settings:
             env[name] = (value,) if isinstance(value, str) else tuple(value)
         if env["mode"] not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}")
+        if env["per_step_max_length"] < 0:
+            length = env["per_step_max_length"]
+            raise ValueError(f"per_step_max_length must be 0 or more, not {length}")
         _check_engines(env["request_engine_stats"])
         return cls(**env)
 

@@ -315,6 +315,25 @@ def test_the_exporter_variables_choose_where_each_signal_goes(
     assert shown == printed, done.stdout[-2000:]
 
 
+def test_nothing_is_exported_under_otel_sdk_disabled_whatever_exporters_are_named(
+    simulator_url: str, collector: Collector, sink: Sink
+) -> None:
+    """``OTEL_SDK_DISABLED=true``: "a no-op SDK implementation will be used for all
+    telemetry signals" (OTel specification; opentelemetry-sdk 1.45.2's providers then hand
+    out no-op tracers and meters). With exporters named explicitly too, nothing reaches
+    the collector or the console, and the application's calls go on."""
+    done = run_app(
+        ONE_CALL,
+        simulator_url,
+        OTEL_SDK_DISABLED="true",
+        OTEL_EXPORTER_OTLP_ENDPOINT=collector.grpc_endpoint,
+        OTEL_TRACES_EXPORTER="otlp,console",
+        OTEL_METRICS_EXPORTER="otlp,console",
+    )
+    assert sink.requests == []
+    assert done.stdout == ""
+
+
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_an_otlp_exporter_named_without_an_endpoint_sends_to_the_default_one(
     simulator_url: str, protocol: str

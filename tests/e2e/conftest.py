@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,6 +247,43 @@ def row_targets() -> list[tuple[str, dict[str, Any]]]:
             inside = panel["title"].startswith(ROW)
         elif inside:
             out += [(panel["title"], t) for t in panel["targets"]]
+    return out
+
+
+#: Grafana's own variables as the e2e tests send them: a 10-minute range, and the
+#: $__rate_interval of the provisioned datasource's 1m timeInterval (at least 4 x).
+GRAFANA_VARIABLES = {"__range": "10m", "__rate_interval": "5m", "__interval": "15s"}
+#: A dashboard variable in a query: ``$name``, ``${name}`` / ``${name:format}``, or the
+#: deprecated ``[[name]]`` (one group per form, the name in it).
+VARIABLE_REFERENCE = re.compile(r"\$\{(\w+)(?::[^}]*)?\}|\$(\w+)|\[\[(\w+)(?::[^\]]*)?\]\]")
+
+
+def all_selected(**chosen: str) -> dict[str, str]:
+    """The dashboard's variables as Grafana substitutes them with "All" chosen (each
+    variable's ``allValue``), Grafana's own (GRAFANA_VARIABLES), and ``chosen`` over
+    them (a variable without "All", such as ``dimension``, must be chosen)."""
+    variables = json.loads(DASHBOARD.read_text(encoding="utf-8"))["templating"]["list"]
+    values = {v["name"]: v["allValue"] for v in variables if v.get("includeAll")}
+    return {**values, **GRAFANA_VARIABLES, **chosen}
+
+
+def substitute(expr: str, values: Mapping[str, str]) -> str:
+    """``expr`` with every variable reference replaced by its value in ``values``. A
+    variable ``values`` does not give fails the test, naming it: sent as is, a
+    selector such as ``server_port=~"$port"`` is a regex that matches no series, so a
+    query would read an empty result instead of failing."""
+    left: list[str] = []
+
+    def value(m: re.Match[str]) -> str:
+        name = next(g for g in m.groups() if g)
+        if name in values:
+            return values[name]
+        left.append(m.group(0))
+        return m.group(0)
+
+    out = VARIABLE_REFERENCE.sub(value, expr)
+    if left:
+        pytest.fail(f"unsubstituted dashboard variable(s) {sorted(set(left))} in {expr}")
     return out
 
 

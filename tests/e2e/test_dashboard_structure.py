@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from conftest import VARIABLE_REFERENCE, all_selected, substitute
+
 yaml = pytest.importorskip("yaml")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -115,7 +117,9 @@ def test_dashboard_variables(
 
 
 def _uses_variables(text: str) -> set[str]:
-    return set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", text))
+    """The variables ``text`` refers to: ``$name``, ``${name}`` / ``${name:format}`` and
+    the deprecated ``[[name]]``."""
+    return {next(g for g in m.groups() if g) for m in VARIABLE_REFERENCE.finditer(text)}
 
 
 BUILTIN_VARIABLES = {"__rate_interval", "__range", "__interval", "__interval_ms", "__range_s"}
@@ -150,6 +154,65 @@ def test_dashboard_targets(
                 r"spec_decode_(acceptance_length|draft_acceptance_rate)_bucket", t["expr"]
             ):
                 assert t.get("exemplar") is True, (p["title"], t["refId"])
+
+
+def _strings(node: Any, path: str = "") -> list[tuple[str, str]]:
+    """(path, text) of every string in ``node``, leaving out the variables' ``current``
+    and ``options`` (the values chosen, such as ``$__all``, not references)."""
+    if isinstance(node, str):
+        return [(path, node)]
+    if isinstance(node, list):
+        return [s for i, v in enumerate(node) for s in _strings(v, f"{path}[{i}]")]
+    if isinstance(node, dict):
+        return [
+            s
+            for k, v in node.items()
+            if k not in ("current", "options")
+            for s in _strings(v, f"{path}.{k}")
+        ]
+    return []
+
+
+def test_every_variable_the_dashboard_uses_is_defined(dashboard: dict[str, Any]) -> None:
+    """A variable that is not defined is left in the query as Grafana sends it: in a
+    selector, ``server_port=~"$port"`` is a regex that matches no series, and the panel
+    reads "no data" instead of failing. Every reference anywhere in the dashboard (query
+    expressions, legends, titles, variable queries, datasource uids) names a defined
+    variable or one of Grafana's own, and a variable's query names only variables listed
+    before it (the chain service, model, engine, server, port)."""
+    names = [v["name"] for v in dashboard["templating"]["list"]]
+    defined = set(names) | BUILTIN_VARIABLES
+    checked, unknown = 0, []
+    for path, text in _strings(dashboard):
+        for name in _uses_variables(text):
+            checked += 1
+            if name not in defined:
+                unknown.append((path, name))
+    assert not unknown, unknown
+    assert checked > 100, checked
+    for i, var in enumerate(dashboard["templating"]["list"]):
+        for _, text in _strings(var.get("query", "")):
+            later = _uses_variables(text) - set(names[:i]) - BUILTIN_VARIABLES
+            assert not later, (var["name"], later)
+
+
+def test_e2e_substitution_leaves_no_variable(dashboard: dict[str, Any]) -> None:
+    """The e2e tests run the dashboard's expressions on the real Prometheus through
+    conftest.substitute. The coverage of the "Client vs server" row (conftest._coverage)
+    replaced ``$server`` only, so a ``$port`` there would have been sent as is and read
+    an empty result. With "All" chosen everywhere (and a dimension), every target
+    substitutes to an expression with no variable left; a variable the values do not
+    give fails the test, naming it."""
+    values = all_selected(dimension="workload")
+    assert {"service", "model", "engine", "server", "port"} <= values.keys(), values
+    targets = [t for p in _all_panels(dashboard) for t in p.get("targets", [])]
+    assert targets
+    for t in targets:
+        expr = substitute(t["expr"], values)
+        assert not VARIABLE_REFERENCE.search(expr), expr
+    for left in ('x{server_port=~"$port"}', "x[${__range}]", "sum by ([[dimension]]) (x)"):
+        with pytest.raises(pytest.fail.Exception, match="unsubstituted"):
+            substitute(left, {"server": ".*"})
 
 
 def test_dashboard_covers_the_metrics(dashboard: dict[str, Any]) -> None:
@@ -402,9 +465,10 @@ def test_dashboard_tells_servers_apart_by_port(dashboard: dict[str, Any]) -> Non
     base_url): two engines on one host (ports 8000 and 8001) are two servers. The
     dashboard filtered by server_address only, so picking a host showed both engines
     merged. A ``port`` variable lists the ports of the chosen servers, every selector
-    that filters the server filters its port too (the "Client vs server" row, which
-    shows each server as address:port, selects by address only), and every breakdown
-    by server keeps the port."""
+    that filters the server filters its port too, and every breakdown by server keeps
+    the port. That includes the "Client vs server" row, on both sides (the clients'
+    series and the servers' own): it showed each server as address:port but selected by
+    address only, so with one port chosen it still showed the host's other engine."""
     variables = _variables(dashboard)
     names = [v["name"] for v in dashboard["templating"]["list"]]
     assert "port" in variables, names
@@ -427,11 +491,15 @@ def test_dashboard_tells_servers_apart_by_port(dashboard: dict[str, Any]) -> Non
             client_vs_server.add(panel["id"])
     assert client_vs_server
     exprs = [t["expr"] for p in _all_panels(dashboard) for t in p.get("targets", [])]
+    server_side = 0
     for p in _all_panels(dashboard):
         for t in p.get("targets", []):
             for selector in re.findall(r"\{[^}]*\}", t["expr"]):
-                if "$server" in selector and p["id"] not in client_vs_server:
+                if "$server" in selector:
                     assert 'server_port=~"$port"' in selector, (p["title"], selector)
+                    if p["id"] in client_vs_server and "__name__" in selector:
+                        server_side += 1
+    assert server_side >= 4, server_side  # the servers' counters in the row, filtered too
     for expr in exprs:
         for by in re.findall(r"by \(([^)]*)\)", expr):
             labels = {label.strip() for label in by.split(",")}

@@ -343,13 +343,15 @@ def _warn_borrowed(
 ) -> None:
     kinds = (("TracerProvider", tracer_provider), ("MeterProvider", meter_provider))
     installed = " and ".join(kind for kind, provider in kinds if provider is not None)
+    both = tracer_provider is not None and meter_provider is not None
+    is_, it, its = ("are", "them", "their") if both else ("is", "it", "its")
     lost = ""
     if meter_provider is not None and readers:
-        lost = "; the metric_readers passed to setup() cannot be added to it and get nothing"
+        lost = "; the metric_readers passed to setup() cannot be added to one and get nothing"
     warnings.warn(
-        f"spec_decode_otel.setup(): an OpenTelemetry SDK {installed} is already installed "
-        "(by the application or opentelemetry-instrument); setup() records into it, and "
-        f"its exporters, sampler and resource apply, not setup()'s{lost}",
+        f"spec_decode_otel.setup(): an OpenTelemetry SDK {installed} {is_} already "
+        f"installed (by the application or opentelemetry-instrument); setup() records into "
+        f"{it}, and {its} exporters, sampler and resource apply, not setup()'s{lost}",
         RuntimeWarning,
         stacklevel=4,  # _warn_borrowed, sdk_setup.setup, spec_decode_otel.setup
     )

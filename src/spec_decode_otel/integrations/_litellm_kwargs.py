@@ -155,6 +155,21 @@ def responses_call(kwargs: Mapping[str, Any]) -> bool:
     return kwargs.get("call_type") in _RESPONSES_CALLS
 
 
+def sent_by_responses_handler(kwargs: Mapping[str, Any]) -> bool:
+    """LiteLLM's Responses handler is about to send this Responses call itself, with its
+    own HTTP client (``response_api_handler``, litellm/llms/custom_httpx/
+    llm_http_handler.py, logs a Responses body, with its ``input``, just before): no
+    openai SDK request belongs to it. A Responses call LiteLLM answers through a chat
+    completion (litellm/responses/litellm_completion_transformation/, for providers
+    without a Responses route, which may go through the SDK) logs the chat body instead.
+    """
+    if not responses_call(kwargs):
+        return False
+    additional = kwargs.get("additional_args")
+    body = additional.get("complete_input_dict") if isinstance(additional, Mapping) else None
+    return isinstance(body, Mapping) and "input" in body and "messages" not in body
+
+
 def include_usage(kwargs: Mapping[str, Any]) -> bool:
     """The stream asked for the server's usage chunk (else LiteLLM estimates usage, which
     the openai wrapper would not report)."""

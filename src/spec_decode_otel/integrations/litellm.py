@@ -280,7 +280,13 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
 
         # Made here, never where a stream is reclaimed (see the finalizer module).
         finalizer.start()
-        current_mark.set(_calls.start(call_id, make).mark)
+        mark = _calls.start(call_id, make).mark
+        if wire.sent_by_responses_handler(kwargs):
+            # Decided now: LiteLLM logs no answer before a Responses stream it reads from
+            # the server ends, and SDK requests made meanwhile in this context (the
+            # reader's) are other calls'.
+            mark.decided = True
+        current_mark.set(mark)
 
     def _responded(self, kwargs: Mapping[str, Any]) -> None:
         """LiteLLM logged the provider's response: any openai SDK request of this call has

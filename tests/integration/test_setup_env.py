@@ -584,3 +584,43 @@ def test_setup_under_opentelemetry_instrument_uses_the_providers_it_configured(
         ("zero-code-service", "chat spec-sim")
     ]
     assert "spec_decode.acceptance_length" in sink.metric_names()
+
+
+INSTRUMENTED = """
+import json
+from spec_decode_otel import SpecDecodeInstrumentor
+print(json.dumps(SpecDecodeInstrumentor().is_instrumented_by_opentelemetry))
+"""
+
+
+@pytest.mark.parametrize(
+    ("disabled", "instrumented"),
+    [("", True), ("spec_decode", False), ("openai , spec_decode", False), ("spec-decode", True)],
+)
+def test_opentelemetry_instrument_leaves_us_out_when_our_entry_point_is_disabled(
+    tmp_path: Path, disabled: str, instrumented: bool
+) -> None:
+    """``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` names entry points, comma-separated, each
+    stripped and compared exactly (opentelemetry-instrumentation 0.66b2,
+    ``auto_instrumentation/_load.py`` ``_load_instrumentors``): ours is ``spec_decode``
+    (pyproject.toml), so ``spec_decode`` turns it off, alone or in a list, and a near
+    miss does not."""
+    instrument = shutil.which("opentelemetry-instrument")
+    assert instrument, "opentelemetry-distro's opentelemetry-instrument is not installed"
+    app = tmp_path / "app.py"
+    app.write_text(INSTRUMENTED)
+    done = subprocess.run(
+        [instrument, sys.executable, str(app)],
+        env=clean_env(
+            OTEL_TRACES_EXPORTER="none",
+            OTEL_METRICS_EXPORTER="none",
+            OTEL_LOGS_EXPORTER="none",
+            OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=disabled,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) is instrumented

@@ -344,8 +344,9 @@ def _client_totals(reader: Any) -> dict[str, dict[str, float]]:
 
 
 def _coverage(prom: httpx.Client) -> dict[str, float]:
+    """The coverage panel's formula over totals, every server and port chosen."""
     (expr,) = [as_totals(t["expr"]) for title, t in row_targets() if title.startswith("Coverage:")]
-    expr = expr.replace("$server", ".*")
+    expr = substitute(expr, all_selected())
     return {
         f"{r['metric']['server_address']}:{r['metric']['server_port']}": float(r["value"][1])
         for r in prom_query(prom, expr)

@@ -10,6 +10,7 @@ import asyncio
 import gc
 import os
 import time
+import types
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ from instrumentation_helpers import (
     request_kwargs,
     spec_decode_attributes,
 )
+from litellm.litellm_core_utils.streaming_handler import CustomStreamWrapper
 from opentelemetry.trace import StatusCode
 from test_litellm import (  # noqa: F401  # the fixtures are used by name
     SETTLE,
@@ -434,6 +436,45 @@ async def test_after_dropped_streams_an_openai_sdk_stream_is_not_noted(
         "not_read_to_end",
         "recorded",
     ]
+
+
+def litellms_own(cls: type, name: str) -> bool:
+    """``cls.name`` is the function LiteLLM's own module defines (no wrapper of ours)."""
+    value = vars(cls).get(name)
+    return type(value) is types.FunctionType and value.__module__ == cls.__module__
+
+
+async def test_uninstrument_puts_back_litellms_stream_finalizer_and_instrument_wraps_it_again(
+    otel: Otel, span_counter: SpanCounter, simulator_url: str
+) -> None:
+    """Instrumenting wraps ``CustomStreamWrapper.__del__`` (LiteLLM 1.110.2's own,
+    litellm/litellm_core_utils/streaming_handler.py) to end the calls of dropped
+    streams; uninstrumenting left it wrapped. Now it is LiteLLM's own again once no
+    callback of ours is registered, the calls still open are forgotten (nothing ends them
+    any more: a stream held across uninstrument gets no span, and keeps no openai SDK
+    stream noted), and instrumenting again wraps it again: a stream dropped then ends."""
+    otel.instrument()
+    assert not litellms_own(CustomStreamWrapper, "__del__")
+    request = request_kwargs("vllm", "chat", True, seed_for("held across uninstrument"))
+    held = litellm.completion(**litellm_kwargs("hosted_vllm", request, simulator_url))
+    assert next(held)
+    assert integrations.open_litellm_calls()
+
+    otel.uninstrument()
+    gc.collect()  # callbacks of ours other tests made and dropped
+    assert litellms_own(CustomStreamWrapper, "__del__")
+    assert integrations.open_litellm_calls() == 0
+    assert not callback_module._calls._started
+
+    otel.instrument()
+    assert not litellms_own(CustomStreamWrapper, "__del__")
+    del held
+    await drop_stream("async", "read in part", "hosted_vllm", simulator_url, "reinstrumented")
+    assert await calls_closed() == 0
+    (span,) = await settled_spans(otel)
+    assert span.attributes["spec_decode.outcome"] == "not_read_to_end"
+    assert otel.requests_by_outcome() == {"not_read_to_end": 1}
+    assert await span_counter.open_after_async(SETTLE) == 0
 
 
 @pytest.mark.parametrize("route", ["hosted_vllm", "openai"])

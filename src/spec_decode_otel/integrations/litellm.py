@@ -49,6 +49,7 @@ import inspect
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -168,6 +169,13 @@ class _Calls:
             set_open_litellm_calls(len(self._started))
             return started
 
+    def forget_all(self) -> None:
+        """No callback of ours is left to end the attempts still open: forget them."""
+        with self._lock:
+            self._started.clear()
+            self._ended.clear()
+            set_open_litellm_calls(0)
+
 
 _calls = _Calls()
 
@@ -198,7 +206,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         super().__init__()
         self._instrumentation = instrumentation
         self._enabled = True
-        _watch_dropped_streams()
+        _watch_dropped_streams(self)
 
     def register(self) -> None:
         """Add this callback to ``litellm.callbacks`` (once)."""
@@ -212,6 +220,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
 
         self._enabled = False
         litellm.logging_callback_manager.remove_callback_from_all_lists(self, require_self=False)
+        _unwatch_dropped_streams(self)
 
     # -- LiteLLM's hooks (each one swallows its own failures) ---------------------------
 
@@ -512,14 +521,21 @@ _DROPPED_FIELDS = (
     "cache_hit",
 )
 _watch_lock = threading.Lock()
-_watching = False
+#: Callbacks set up and not unregistered: LiteLLM's stream classes stay patched while
+#: one of them lives.
+_watchers: weakref.WeakSet[SpecDecodeLiteLLMCallback] = weakref.WeakSet()
+#: What :func:`_watch_dropped_streams` set: (class, name, LiteLLM's own value or
+#: ``_ABSENT``, ours).
+_patches: list[tuple[type, str, Any, Any]] = []
+_ABSENT = object()
 #: ``CustomStreamWrapper``'s own ``__next__`` and ``__anext__``: only a stream iterated by
 #: them has the state :func:`_stream_reclaimed` reads.
 _own_iteration: tuple[Any, Any] | None = None
 
 
-def _watch_dropped_streams() -> None:
-    """Learn when the caller drops a LiteLLM stream before its end (once per process).
+def _watch_dropped_streams(callback: SpecDecodeLiteLLMCallback) -> None:
+    """Learn when the caller drops a LiteLLM stream before its end (patched once, while
+    any callback of ours is set up and not unregistered).
 
     LiteLLM 1.110.2 reports a stream's end only when it is read to the end or fails
     (``CustomStreamWrapper``, litellm_core_utils/streaming_handler.py): ``close()``,
@@ -531,21 +547,57 @@ def _watch_dropped_streams() -> None:
     (:mod:`spec_decode_otel.instrumentation.finalizer`), as the openai wrapper's stream
     proxies end theirs. A stream the caller keeps after ``close()`` ends when reclaimed.
     """
-    global _watching, _own_iteration
+    global _own_iteration
     with _watch_lock:
-        if _watching:
+        _watchers.add(callback)
+        if _patches:
             return
-        _watching = True
-    try:
-        from litellm.litellm_core_utils.streaming_handler import CustomStreamWrapper
+        try:
+            from litellm.litellm_core_utils.streaming_handler import CustomStreamWrapper
 
-        _own_iteration = (CustomStreamWrapper.__next__, CustomStreamWrapper.__anext__)
-        if "__del__" in vars(CustomStreamWrapper):
-            wrapt.wrap_function_wrapper(CustomStreamWrapper, "__del__", _reclaimed)
-        else:
-            CustomStreamWrapper.__del__ = _reclaimed_without_finalizer  # type: ignore[method-assign]
-    except Exception:
-        report_internal_error("litellm.watch_streams")
+            _own_iteration = (CustomStreamWrapper.__next__, CustomStreamWrapper.__anext__)
+            _patch(
+                CustomStreamWrapper,
+                "__del__",
+                lambda own: (
+                    _reclaimed_without_finalizer
+                    if own is _ABSENT
+                    else wrapt.FunctionWrapper(own, _reclaimed)
+                ),
+            )
+        except Exception:
+            report_internal_error("litellm.watch_streams")
+
+
+def _patch(cls: type, name: str, ours_for: Any) -> None:
+    """Set ``ours_for(LiteLLM's own)`` as ``cls.name``, and remember both (under
+    ``_watch_lock``)."""
+    own = vars(cls).get(name, _ABSENT)
+    ours = ours_for(own)
+    setattr(cls, name, ours)
+    _patches.append((cls, name, own, ours))
+
+
+def _unwatch_dropped_streams(callback: SpecDecodeLiteLLMCallback) -> None:
+    """``callback`` is unregistered: when it was the last one set up, put LiteLLM's own
+    methods back (unless someone has since replaced ours: theirs stays, and ours inside
+    it passes every call through), and forget the calls still open, which nothing of
+    ours would end any more."""
+    with _watch_lock:
+        _watchers.discard(callback)
+        if _watchers:
+            return
+        for cls, name, own, ours in reversed(_patches):
+            try:
+                if vars(cls).get(name) is ours:
+                    if own is _ABSENT:
+                        delattr(cls, name)
+                    else:
+                        setattr(cls, name, own)
+            except Exception:
+                report_internal_error("litellm.unwatch_streams")
+        _patches.clear()
+    _calls.forget_all()
 
 
 def _reclaimed(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import warnings
 from typing import Any
 
 import httpx
@@ -394,6 +395,34 @@ def test_an_explicit_include_usage_is_respected(include_usage: bool, otel: Otel,
     assert is_usage_chunk(ours[-1]) is include_usage  # the user's own usage chunk stays
     stats = spec_decode_attributes(otel.only_span().attributes)
     assert bool(stats) is include_usage
+
+
+def test_options_in_code_replace_settings_from_the_environment_only(otel: Otel, wire: Any) -> None:
+    """``instrument(skip_dep_check=True)`` is the call ``opentelemetry-instrument`` makes
+    (opentelemetry-instrumentation 0.66b2, ``_load_instrumentors``): settings from the
+    ``SPEC_DECODE_OTEL_*`` variables only. Options given in code afterwards replace them
+    (the injected ``include_usage`` is on the wire, the stream gets its statistics);
+    options given in code a second time keep the first, with a ``RuntimeWarning`` at the
+    caller's line (``warnings.catch_warnings``' ``filename``), not inside the package."""
+    client, log = wire
+    instrumentor = spec_decode_otel.SpecDecodeInstrumentor()
+    instrumentor.uninstrument()
+    instrumentor.instrument(skip_dep_check=True)
+    providers = {"tracer_provider": otel.tracer_provider, "meter_provider": otel.meter_provider}
+    with warnings.catch_warnings(record=True) as replacing:
+        warnings.simplefilter("always")
+        instrumentor.instrument(inject_include_usage=True, **providers)
+    assert replacing == []
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        instrumentor.instrument(inject_include_usage=False, **providers)
+    (warned,) = again
+    assert issubclass(warned.category, RuntimeWarning)
+    assert "the first settings stay" in str(warned.message)
+    assert warned.filename == __file__
+    call_sync(client, "chat", vllm_stream(104))
+    assert log.last[1]["stream_options"] == {"include_usage": True}
+    assert otel.only_span().attributes["spec_decode.engine"] == "vllm"
 
 
 def test_traceparent_carries_the_span_of_the_call(otel: Otel, wire: Any) -> None:

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from otlp_values import clean_env, otlp_attributes, receiving_otlp
 
 HERE = Path(__file__).resolve().parent
@@ -190,3 +192,97 @@ def test_a_bad_variable_warns_and_leaves_zero_code_instrumentation_working(
         assert told in done.stderr, done.stderr
     # the console exporter's spans: both calls, ours, with the server's stats
     assert done.stdout.count('"spec_decode.engine": "vllm"') == 2, done.stdout
+
+
+#: Under ``opentelemetry-instrument``: the app's own options in code, then the same
+#: options given a second time, differently. One streamed call without ``stream_options``
+#: (vLLM sends its statistics only on the usage chunk, which only ``inject_include_usage``
+#: asks for).
+OPTIONS_IN_CODE = """
+import json, logging, os, warnings, openai
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+import spec_decode_otel
+from spec_decode_otel import SpecDecodeInstrumentor
+
+told = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        told.append((record.levelname, record.getMessage()))
+logging.getLogger("spec_decode_otel").addHandler(Keep())
+logging.getLogger("spec_decode_otel").setLevel(logging.DEBUG)
+spans = InMemorySpanExporter()
+trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(spans))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    if os.environ["HOW"] == "setup":
+        spec_decode_otel.setup(inject_include_usage=True)
+    else:
+        SpecDecodeInstrumentor().instrument(inject_include_usage=True)
+    SpecDecodeInstrumentor().instrument(inject_include_usage=False)
+client = openai.OpenAI(base_url=os.environ["SIMULATOR_URL"], api_key="sk-test", max_retries=0)
+stream = client.chat.completions.create(
+    model="spec-sim", messages=[{"role": "user", "content": "hi"}], stream=True
+)
+chunks = list(stream)
+client.close()
+(span,) = [s for s in spans.get_finished_spans() if s.name == "chat spec-sim"]
+print(json.dumps({
+    "engine": span.attributes.get("spec_decode.engine"),
+    "steps": span.attributes.get("spec_decode.num_spec_steps"),
+    "usage_chunks": sum(1 for c in chunks if not c.choices),
+    "already": [
+        (os.path.basename(w.filename), w.lineno)
+        for w in caught if "already instrumented" in str(w.message)
+    ],
+    "told": told,
+}))
+"""
+SECOND = "    SpecDecodeInstrumentor().instrument(inject_include_usage=False)"
+
+
+@pytest.mark.parametrize("how", ["setup", "instrument"])
+def test_options_in_code_replace_what_opentelemetry_instrument_set_from_the_environment(
+    simulator_url: str, tmp_path: Path, how: str
+) -> None:
+    """``opentelemetry-instrument python app.py`` (opentelemetry-distro 0.66b2's
+    configurator, then ``_load_instrumentors`` in opentelemetry-instrumentation 0.66b2
+    calls ``instrument(skip_dep_check=True)`` through our entry point) instruments with
+    the ``SPEC_DECODE_OTEL_*`` variables' settings before the app runs. An app that then
+    says ``setup(inject_include_usage=True)`` or ``instrument(inject_include_usage=True)``
+    lost its option: the first settings stayed, with an "already instrumented" warning,
+    and its streamed calls to vLLM had no statistics. Options given in code replace
+    settings that came from the environment only (logged at INFO on ``spec_decode_otel``);
+    given a second time in code, the first stay, with the warning at the app's line."""
+    instrument = shutil.which("opentelemetry-instrument")
+    assert instrument, "opentelemetry-distro's opentelemetry-instrument is not installed"
+    app = tmp_path / "app.py"
+    app.write_text(OPTIONS_IN_CODE)
+    done = subprocess.run(
+        [instrument, sys.executable, str(app)],
+        env=clean_env(
+            SIMULATOR_URL=simulator_url,
+            HOW=how,
+            OTEL_TRACES_EXPORTER="none",
+            OTEL_METRICS_EXPORTER="none",
+            OTEL_LOGS_EXPORTER="none",
+            OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="openai",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    # the injected include_usage: the stream's statistics, and no usage chunk for the app
+    assert report["engine"] == "vllm", report
+    assert report["steps"] > 0, report
+    assert report["usage_chunks"] == 0, report
+    # the second options in code: warned once, at the app's own line
+    second = OPTIONS_IN_CODE.splitlines().index(SECOND) + 1
+    assert [tuple(w) for w in report["already"]] == [("app.py", second)], report
+    replaced = [m for level, m in report["told"] if "replace" in m]
+    assert len(replaced) == 1, report["told"]
+    assert ("INFO", replaced[0]) in [tuple(t) for t in report["told"]]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import os
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Collection
@@ -20,7 +22,7 @@ import wrapt
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
-from spec_decode_otel._logging import report_internal_error
+from spec_decode_otel._logging import logger, report_internal_error
 from spec_decode_otel.instrumentation.genai_metrics import GenAiMetrics
 from spec_decode_otel.instrumentation.settings import Settings
 from spec_decode_otel.instrumentation.wrapper import Instrumentation
@@ -40,6 +42,29 @@ _RECORDING: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 #: Keywords BaseInstrumentor itself takes; they are not our settings.
 _BASE_KEYWORDS = ("skip_dep_check", "raise_exception_on_conflict")
+
+
+#: This package's directory: frames in files under it are ours, not the application's.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning issued by the function calling this one
+    name the application's line: the first frame outside this package, however many of
+    ours (``setup()``'s wrapper, ``sdk_setup.setup``, ``instrument()``) lie between."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+def _given(kwargs: dict[str, Any]) -> bool:
+    """Whether ``instrument()``'s keywords ask for anything: a setting or a provider
+    (``None`` is the default, the environment's setting or the global provider), beyond
+    BaseInstrumentor's own keywords, which ``opentelemetry-instrument`` passes."""
+    return any(v is not None for k, v in kwargs.items() if k not in _BASE_KEYWORDS)
 
 
 def _build(kwargs: dict[str, Any]) -> tuple[Instrumentation, tuple[Any, ...]]:
@@ -63,12 +88,19 @@ class SpecDecodeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     Keywords: ``tracer_provider``, ``meter_provider`` and the settings README lists
     (``mode``, ``inject_include_usage``, ...), each also read from its
-    ``SPEC_DECODE_OTEL_*`` variable. Instrumenting again while instrumented keeps the
-    first settings (and warns if the new ones differ).
+    ``SPEC_DECODE_OTEL_*`` variable.
+
+    Instrumenting again while instrumented keeps the first settings, as BaseInstrumentor
+    does, with a ``RuntimeWarning`` at the caller's line if the new ones differ; except
+    that when the first call gave no keyword (``opentelemetry-instrument``'s, or a bare
+    ``instrument()``: settings from the environment only), options given in code replace
+    it, logged at INFO.
     """
 
     _instrumentation: Instrumentation | None = None
     _identity: tuple[Any, ...] | None = None
+    #: Whether the current instrumentation was given keywords in code (see _given).
+    _given_in_code = False
     _patches: list[_Patch] = []
     _lock = threading.Lock()
 
@@ -77,17 +109,30 @@ class SpecDecodeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def instrument(self, **kwargs: Any) -> None:
         with SpecDecodeInstrumentor._lock:
-            if self.is_instrumented_by_opentelemetry:
-                _, identity = _build(dict(kwargs))
-                if kwargs and identity != SpecDecodeInstrumentor._identity:
-                    warnings.warn(
-                        "spec_decode_otel is already instrumented; the first settings "
-                        "stay (call uninstrument() first to change them)",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
+            if not self.is_instrumented_by_opentelemetry:
+                super().instrument(**kwargs)
                 return
-            super().instrument(**kwargs)
+            if not _given(kwargs):
+                return  # asks for nothing: what is instrumented already does
+            _, identity = _build(dict(kwargs))  # raises for a bad keyword, as at first
+            if identity == SpecDecodeInstrumentor._identity:
+                SpecDecodeInstrumentor._given_in_code = True
+                return
+            if not SpecDecodeInstrumentor._given_in_code:
+                logger.info(
+                    "spec_decode_otel: the options given in code replace the settings "
+                    "instrumented from the environment only (by opentelemetry-instrument "
+                    "or an instrument() without keywords)"
+                )
+                self._uninstrument()
+                self._instrument(**kwargs)
+                return
+            warnings.warn(
+                "spec_decode_otel is already instrumented with other options given in "
+                "code; the first settings stay (call uninstrument() first to change them)",
+                RuntimeWarning,
+                stacklevel=caller_stacklevel(),
+            )
 
     def uninstrument(self, **kwargs: Any) -> None:
         with SpecDecodeInstrumentor._lock:
@@ -110,6 +155,7 @@ class SpecDecodeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         SpecDecodeInstrumentor._patches = patches
         SpecDecodeInstrumentor._instrumentation = instrumentation
         SpecDecodeInstrumentor._identity = identity
+        SpecDecodeInstrumentor._given_in_code = _given(kwargs)
         # LiteLLM's own HTTP handler bypasses the SDK: a LiteLLM callback covers those
         # calls, registered when (if ever) the application imports litellm.
         watch_litellm(instrumentation)
@@ -128,6 +174,7 @@ class SpecDecodeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         SpecDecodeInstrumentor._patches = []
         SpecDecodeInstrumentor._instrumentation = None
         SpecDecodeInstrumentor._identity = None
+        SpecDecodeInstrumentor._given_in_code = False
 
 
 @dataclass(frozen=True)

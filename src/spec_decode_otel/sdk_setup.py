@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import metrics, trace
 
-from spec_decode_otel.instrumentation import SpecDecodeInstrumentor
+from spec_decode_otel.instrumentation import SpecDecodeInstrumentor, caller_stacklevel
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
@@ -254,13 +254,13 @@ def _flush_at_child_exit(built: Providers) -> None:
 
 
 def _refused(what: str, exc: Exception, fallback: str = "") -> None:
-    """A RuntimeWarning, at the line that called ``spec_decode_otel.setup()``, that
+    """A RuntimeWarning, at the application's line that called ``setup()``, that
     ``what`` could not be had from the environment."""
     warnings.warn(
         f"spec_decode_otel.setup(): {what}: {exc} (a value of the OTEL_* variables the "
         f"OpenTelemetry SDK refuses){fallback}",
         RuntimeWarning,
-        stacklevel=5,  # _refused, its caller, sdk_setup.setup, spec_decode_otel.setup
+        stacklevel=caller_stacklevel(),
     )
 
 
@@ -353,7 +353,7 @@ def _warn_borrowed(
         f"installed (by the application or opentelemetry-instrument); setup() records into "
         f"{it}, and {its} exporters, sampler and resource apply, not setup()'s{lost}",
         RuntimeWarning,
-        stacklevel=4,  # _warn_borrowed, sdk_setup.setup, spec_decode_otel.setup
+        stacklevel=caller_stacklevel(),
     )
 
 
@@ -415,7 +415,7 @@ def setup(
                 "spec_decode_otel.setup() was already called; returning the providers it "
                 "built (its settings stay)",
                 RuntimeWarning,
-                stacklevel=3,  # the caller of spec_decode_otel.setup(), which calls this
+                stacklevel=caller_stacklevel(),
             )
             return _built
         instrumentor = SpecDecodeInstrumentor()

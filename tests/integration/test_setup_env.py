@@ -529,6 +529,54 @@ def test_setup_records_into_the_providers_the_application_installed(
         assert {r["service.name"] for r in resources} == {"the-app"}
 
 
+WARNED_AT_THE_CALL = """
+import json, os, warnings
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+import spec_decode_otel
+from spec_decode_otel import sdk_setup
+
+trace.set_tracer_provider(TracerProvider())
+spec_decode_otel.SpecDecodeInstrumentor().instrument(mode="span")
+call = spec_decode_otel.setup if os.environ["ROUTE"] == "package" else sdk_setup.setup
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    call(mode="enrich")
+    call()
+print(json.dumps([(w.filename, w.lineno, str(w.message)[:100]) for w in caught]))
+"""
+
+
+@pytest.mark.parametrize("route", ["package", "module"])
+def test_setups_warnings_point_at_the_applications_call(route: str) -> None:
+    """Each warning ``setup()`` gives (a value the SDK refuses, a provider already
+    installed, options given in code while already instrumented with others, a second
+    ``setup()``) names the application's line in ``filename``/``lineno``, whether it
+    calls ``spec_decode_otel.setup`` or ``spec_decode_otel.sdk_setup.setup`` (the demo's
+    route). The "already instrumented" one came from ``instrument()`` with
+    ``stacklevel=2`` and named ``sdk_setup.py``; the others counted a fixed number of
+    frames that assumed the package's wrapper, and named no file of the application
+    through the module's own function."""
+    done = run_app(
+        WARNED_AT_THE_CALL,
+        "http://127.0.0.1:9/v1",
+        ROUTE=route,
+        OTEL_METRICS_EXPORTER="console",
+        OTEL_METRIC_EXPORT_INTERVAL="0",
+    )
+    lines = WARNED_AT_THE_CALL.splitlines()
+    first = lines.index('    call(mode="enrich")') + 1
+    warned = [tuple(w) for w in json.loads(done.stdout)]
+    assert [(filename, line) for filename, line, _ in warned] == [("<string>", first)] * 3 + [
+        ("<string>", first + 1)
+    ], warned
+    said = [message for _, _, message in warned]
+    assert "metrics (exporter 'console') are n" in said[0]
+    assert "already installed" in said[1]
+    assert "already instrumented" in said[2]
+    assert "already called" in said[3]
+
+
 ZERO_CODE_SETUP = """
 import json, os, openai, spec_decode_otel
 from opentelemetry import trace

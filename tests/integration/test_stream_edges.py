@@ -11,15 +11,20 @@ them with the real ``openai`` SDK (3.63.0) against the simulator.
 - ``repr()`` of what the user gets back is the SDK's, not a proxy's.
 - Pinned where nothing else pins them: the caller's context object is untouched by every
   step of every kind of stream, and ``aclose()`` on an unread stream ends its call.
+- A ``close()`` from another thread or task while a read waits ends the call at once:
+  only a stop from inside one of our reads waits for that read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import pickle
 import re
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack, ExitStack
+from contextlib import AsyncExitStack, ExitStack, suppress
 from typing import Any
 
 import openai
@@ -300,6 +305,55 @@ async def test_aclose_before_any_chunk_ends_the_call_at_once(
     del stream
     collect()
     assert len(instrumented.spans()) == 1
+
+
+# -- a stop from outside a read ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_close_from_another_thread_or_task_while_a_read_waits_ends_the_call_then(
+    mode: str, instrumented: Otel, openai_client: Any, async_openai_client: Any
+) -> None:
+    """A stop waits for one of our reads only when it comes from inside that read
+    (genai-openai 1.3b0's hook on the response's close, which the SDK's stream calls as it
+    reaches its end: test_coexistence_matrix.py). ``close()`` from another thread (sync) or
+    task (async) while a read waits for the next chunk (the simulator's ``slow`` fault holds
+    it back for seconds) ends the call at the close: stopped, not failed by what the
+    waiting read then raises (openai 3.63.0: ``APIConnectionError``, the response being
+    closed under it)."""
+    kwargs = kwargs_for(71)
+    kwargs["extra_headers"] |= {"x-sim-fault": "slow", "x-sim-delay-ms": "2000"}
+    if mode == "sync":
+        stream = openai_client.chat.completions.create(**kwargs)
+        next(stream)
+        reader = threading.Thread(target=_read_one, args=(stream,))
+        reader.start()
+        time.sleep(0.3)  # the reader is waiting for the server's next chunk
+        stream.close()
+        ended = instrumented.spans()
+        reader.join(10)
+        assert not reader.is_alive()
+    else:
+        stream = await async_openai_client.chat.completions.create(**kwargs)
+        await stream.__anext__()
+        task = asyncio.create_task(_aread_one(stream))
+        await asyncio.sleep(0.3)
+        await stream.close()
+        ended = instrumented.spans()
+        await asyncio.wait_for(task, 10)
+    assert [s.attributes["spec_decode.outcome"] for s in ended] == ["not_read_to_end"]
+    assert ended[0].status.status_code is StatusCode.UNSET
+    assert len(instrumented.spans()) == 1
+
+
+def _read_one(stream: Any) -> None:
+    with suppress(openai.APIConnectionError):
+        next(stream)
+
+
+async def _aread_one(stream: Any) -> None:
+    with suppress(openai.APIConnectionError):
+        await stream.__anext__()
 
 
 # -- copy.copy, copy.deepcopy, pickle ----------------------------------------------------

@@ -15,12 +15,12 @@ hands those over, and the ``Call`` counts only an ``Exception`` as a failure.
 The span is never made current while the user iterates: between chunks the caller's own
 context is in force.
 
-A stop that arrives from inside one of our own reads (the same thread or task, while the
-SDK's stream is producing the next chunk) waits for that read: the SDK's stream closes its
-HTTP response in its iterator's ``finally`` as it reaches the end, and an instrumentation
-hooked on that close (genai-openai 1.3b0) closes our proxy from there. The read then ends
-the call: read to the end on ``StopIteration``, failed on an error, stopped early after a
-chunk it hands over.
+A stop that arrives from inside one of our own reads (called, however deep, from our read
+loop while the SDK's stream produces the next chunk) waits for that read: the SDK's stream
+closes its HTTP response in its iterator's ``finally`` as it reaches the end, and an
+instrumentation hooked on that close (genai-openai 1.3b0) closes our proxy from there. The
+read then ends the call: read to the end on ``StopIteration``, failed on an error, stopped
+early after a chunk it hands over.
 
 ``copy.copy()`` of a proxy copies what it wraps the way the SDK does (a shallow copy: the
 same stream, its iterator and response shared) and watches the copy with the same
@@ -30,13 +30,13 @@ they do to the SDK's object (see :class:`CopiedLikeTheSdk`).
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import functools
-import threading
+import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator, Mapping
+from types import FrameType
 from typing import Any
 
 import wrapt
@@ -68,22 +68,13 @@ class StreamObserver:
         self.first_at: float | None = None
         self.model: str | None = None
         self.multi = False
-        #: The thread or task whose read of the SDK's stream is in progress, if any.
-        self._reader: Any = None
-        #: A stop arrived from inside that read: the read's end ends the call.
-        self._stop_pending = False
-
-    def read_starts(self, reader: Any) -> None:
-        """One of our reads of the SDK's stream starts, by ``reader``: the thread's id for
-        a sync stream, the running task for an async one. A read that ends the stream or
-        raises ends the call (``on_end``/``on_error``, which forget the reader)."""
-        self._reader = reader
+        #: A stop arrived from inside one of our reads: that read's end ends the call.
         self._stop_pending = False
 
     def read_returned(self, chunk: Any) -> bool:
-        """That read returned ``chunk``: noted, and True when the user gets it. A stop
-        that arrived from inside the read ends the call now, after the chunk."""
-        self._reader = None
+        """One of our reads returned ``chunk``: noted, and True when the user gets it. A
+        stop that arrived from inside the read ends the call now, after the chunk (a
+        read that ends the stream or raises ends it through ``on_end``/``on_error``)."""
         shown = self.observe(chunk)
         if self._stop_pending:
             self._stop_pending = False
@@ -222,15 +213,13 @@ class StreamObserver:
     def on_stop(self) -> None:
         """Closed, exited or collected: before its end, unless ``on_end`` came first.
 
-        From inside one of our reads (same thread or task), it waits for that read."""
-        reader = self._reader
-        if reader is not None and (reader == threading.get_ident() or reader is _current_task()):
+        From inside one of our reads, it waits for that read."""
+        if _inside_read(self):
             self._stop_pending = True
             return
         self._finish(read_to_end=False)
 
     def _finish(self, *, read_to_end: bool, error: BaseException | None = None) -> None:
-        self._reader = None
         if self.call.done:
             return
         # Cleared only after the call has ended (whichever thread ended it): a close from
@@ -247,12 +236,17 @@ class StreamObserver:
         self.kept.clear()  # the user may keep the proxy: it no longer keeps their chunks
 
 
-def _current_task() -> Any:
-    """The running asyncio task; None outside one."""
-    try:
-        return asyncio.current_task()
-    except RuntimeError:  # no running event loop
-        return None
+def _inside_read(observer: StreamObserver) -> bool:
+    """Called from inside one of ``observer``'s reads: one of the proxies' read loops
+    (:data:`_READ_LOOPS`), reading for ``observer``, is on this thread's stack. The frames
+    of a running generator or coroutine link to those of whatever resumed it, so this
+    holds for an async read too, through every ``await`` of its task."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code in _READ_LOOPS and frame.f_locals.get("observer") is observer:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _is_terminal(kind: Any) -> bool:
@@ -382,12 +376,7 @@ class SyncStreamProxy(_StreamProxyBase):
         # user stopped reading, for as long as a ``for`` loop holds the generator.
         observer = self._self_observer
         try:
-            while True:
-                observer.read_starts(threading.get_ident())
-                try:
-                    chunk = next(source)
-                except StopIteration:
-                    break
+            for chunk in source:
                 if observer.read_returned(chunk):
                     yield chunk
         except GeneratorExit:
@@ -400,7 +389,6 @@ class SyncStreamProxy(_StreamProxyBase):
     def __next__(self) -> Any:
         observer = self._self_observer
         while True:
-            observer.read_starts(threading.get_ident())
             try:
                 chunk = self.__wrapped__.__next__()
             except StopIteration:
@@ -438,12 +426,7 @@ class AsyncStreamProxy(_StreamProxyBase):
     async def _observed(self, source: AsyncIterator[Any]) -> AsyncIterator[Any]:
         observer = self._self_observer
         try:
-            while True:
-                observer.read_starts(_current_task())
-                try:
-                    chunk = await source.__anext__()
-                except StopAsyncIteration:
-                    break
+            async for chunk in source:
                 if observer.read_returned(chunk):
                     yield chunk
         except GeneratorExit:
@@ -456,7 +439,6 @@ class AsyncStreamProxy(_StreamProxyBase):
     async def __anext__(self) -> Any:
         observer = self._self_observer
         while True:
-            observer.read_starts(_current_task())
             try:
                 chunk = await self.__wrapped__.__anext__()
             except StopAsyncIteration:
@@ -491,3 +473,15 @@ class AsyncStreamProxy(_StreamProxyBase):
             return await self.__wrapped__.__aexit__(*exc_info)
         finally:
             self._self_observer.on_stop()
+
+
+#: The code of the proxies' read loops, each with its ``observer`` (see :func:`_inside_read`).
+_READ_LOOPS = frozenset(
+    loop.__code__
+    for loop in (
+        SyncStreamProxy._observed,
+        SyncStreamProxy.__next__,
+        AsyncStreamProxy._observed,
+        AsyncStreamProxy.__anext__,
+    )
+)

@@ -114,6 +114,17 @@ def _run_workload(base_url: str, requests: int, concurrency: int, progress: _Pro
     asyncio.run(run_async())
 
 
+def _where(exports: dict[str, tuple[str, ...]]) -> str:
+    """What went where: "spans exported to the console (stdout); metrics not exported"."""
+    said = []
+    for signal in ("spans", "metrics"):
+        where = exports.get(signal)
+        said.append(
+            f"{signal} exported {' and '.join(where)}" if where else f"{signal} not exported"
+        )
+    return "; ".join(said)
+
+
 def run(args: argparse.Namespace) -> int:
     """Exit status 1 when no call got a record: then the demo showed nothing.
 
@@ -156,8 +167,8 @@ def run(args: argparse.Namespace) -> int:
         rows, _ = summary.read_rows(records.getvalue().splitlines())
         summaries = summary.summarize(rows)
         print(summary.render(summaries, "the spans it emitted"))
-        if providers.exporting:
-            print("exported over OTLP to the configured collector", file=sys.stderr)
+        if providers.exports:
+            print(_where(providers.exports), file=sys.stderr)
         if args.records_out:
             with open(args.records_out, "w", encoding="utf-8") as handle:
                 handle.write(records.getvalue())

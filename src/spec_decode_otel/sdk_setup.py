@@ -67,13 +67,18 @@ def _flush_and_stop(provider: TracerProvider | MeterProvider, stop: bool = True)
 class Providers:
     """The providers :func:`setup` records into, for tests and for flushing by hand.
 
-    ``exporting``: whether ``setup()`` built an exporter. A provider the application (or
-    ``opentelemetry-instrument``) had installed already is flushed but not stopped.
+    ``exporting``: whether ``setup()`` built an exporter. ``exports``: where each signal
+    (``spans``, ``metrics``) goes, in words, one entry per exporter ``setup()`` built ("to
+    the console (stdout)", "over OTLP/gRPC to http://localhost:4317 (the default
+    endpoint)"), or "by the exporters of the TracerProvider installed before setup()" for
+    a provider the application (or ``opentelemetry-instrument``) had installed already; a
+    signal that goes nowhere is left out. Such a provider is flushed but not stopped.
     """
 
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
     exporting: bool
+    exports: dict[str, tuple[str, ...]] = field(default_factory=dict)
     _borrowed: tuple[TracerProvider | MeterProvider, ...] = field(default=(), repr=False)
     _stopped: bool = field(default=False, init=False, repr=False)
 
@@ -201,6 +206,25 @@ def _metric_reader(name: str) -> MetricReader:
     if isinstance(exporter, type) and issubclass(exporter, SdkMetricExporter):
         return PeriodicExportingMetricReader(exporter())
     raise ValueError(f"OTEL_METRICS_EXPORTER names {name!r}, which is not a metric exporter")
+
+
+#: The OTLP exporters' endpoints when no variable names one (opentelemetry-exporter-otlp
+#: 1.45: the gRPC exporter's ``http://localhost:4317``, the HTTP one's
+#: ``http://localhost:4318/``, with the signal's path appended).
+_DEFAULT_ENDPOINTS = {True: "http://localhost:4317", False: "http://localhost:4318"}
+
+
+def _destination(signal: str, name: str) -> str:
+    """Where the exporter ``name`` sends ``signal`` (``TRACES``, ``METRICS``), in words."""
+    if name == "otlp":
+        grpc = _grpc(signal)
+        endpoint = _otlp_variable(signal, "ENDPOINT").strip()
+        if not endpoint:
+            endpoint = f"{_DEFAULT_ENDPOINTS[grpc]} (the default endpoint)"
+        return f"over OTLP/{'gRPC' if grpc else 'HTTP'} to {endpoint}"
+    if name == "console":
+        return "to the console (stdout)"
+    return f"through the {name!r} exporter"
 
 
 def _grpc(signal: str) -> bool:
@@ -378,6 +402,9 @@ def _installed() -> tuple[TracerProvider | None, MeterProvider | None]:
     return found[0], found[1]
 
 
+#: What ``Providers.exports`` says of a signal whose provider was installed already.
+_INSTALLED = "by the exporters of the {kind} installed before setup()"
+
 _lock = threading.Lock()
 _built: Providers | None = None
 #: Every provider setup() made (a stopped one may still be the global one).
@@ -426,6 +453,7 @@ def setup(
         resource = installed_tracer.resource if installed_tracer else _resource(service_name)
 
         exporting = False
+        exports: dict[str, list[str]] = {"spans": [], "metrics": []}
         if installed_tracer is None:
             tracer_provider = _tracer_provider(resource)
             for name in _exporter_names("TRACES"):
@@ -433,8 +461,10 @@ def setup(
                 if exporting_processor is not None:
                     tracer_provider.add_span_processor(exporting_processor)
                     exporting = True
+                    exports["spans"].append(_destination("TRACES", name))
         else:
             tracer_provider = installed_tracer
+            exports["spans"].append(_INSTALLED.format(kind="TracerProvider"))
         for processor in span_processors:
             tracer_provider.add_span_processor(processor)
         if installed_meter is None:
@@ -444,9 +474,11 @@ def setup(
                 if exporting_reader is not None:
                     readers.append(exporting_reader)
                     exporting = True
+                    exports["metrics"].append(_destination("METRICS", name))
             meter_provider = _meter_provider(resource, readers)
         else:
             meter_provider = installed_meter
+            exports["metrics"].append(_INSTALLED.format(kind="MeterProvider"))
         borrowed = tuple(p for p in (installed_tracer, installed_meter) if p is not None)
         if borrowed:
             _warn_borrowed(installed_tracer, installed_meter, bool(metric_readers))
@@ -456,7 +488,13 @@ def setup(
                 trace.set_tracer_provider(tracer_provider)
             if installed_meter is None:
                 metrics.set_meter_provider(meter_provider)
-        built = Providers(tracer_provider, meter_provider, exporting, borrowed)
+        built = Providers(
+            tracer_provider,
+            meter_provider,
+            exporting,
+            exports={signal: tuple(where) for signal, where in exports.items() if where},
+            _borrowed=borrowed,
+        )
         _made.extend(p for p in (tracer_provider, meter_provider) if p not in borrowed)
         atexit.register(built.shutdown)
         # A multiprocessing child (fork) ends with os._exit, where atexit never runs:

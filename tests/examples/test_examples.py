@@ -442,7 +442,8 @@ async def test_to_collector_exports_to_the_configured_endpoint() -> None:
         argv = [*run_command("to_collector.sh"), "--requests", str(requests), "--no-progress"]
         code, out, err = await run_async(argv, env)
         assert code == 0, out + err
-        assert "exported over OTLP to the configured collector" in err
+        to = f"exported over OTLP/HTTP to {receiver.endpoint}"
+        assert f"spans {to}; metrics {to}" in err.splitlines(), err
         assert "model llama-3.1-8b-eagle3" in out
 
         def records() -> list[dict[str, Any]]:

@@ -448,6 +448,44 @@ def test_an_otel_value_the_sdk_refuses_never_stops_the_application(
     assert arrived == exported
 
 
+# ------------------------------------------------------------------ the demo says where
+
+
+@pytest.mark.parametrize("where", ["console", "otlp"])
+def test_the_demo_says_what_it_exported_where(collector: Collector, sink: Sink, where: str) -> None:
+    """``spec-decode-otel demo`` printed "exported over OTLP to the configured collector"
+    whenever ``setup()`` built an exporter, also for ``OTEL_TRACES_EXPORTER=console`` and
+    no endpoint, where the spans went to stdout and nothing went over OTLP. It names each
+    signal's destination: the console, or OTLP with its protocol and endpoint; a signal
+    with no exporter is said not to be exported."""
+    demo = shutil.which("spec-decode-otel")
+    assert demo, "the package's spec-decode-otel command is not installed"
+    if where == "console":
+        env = {"OTEL_TRACES_EXPORTER": "console"}
+    else:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.grpc_endpoint}
+    done = subprocess.run(
+        [demo, "demo", "--requests", "4", "--no-progress"],
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    if where == "console":
+        said = "spans exported to the console (stdout); metrics not exported"
+        assert "OTLP" not in done.stderr, done.stderr
+        assert done.stdout.count('"spec_decode.engine": "vllm"') == 4, done.stdout
+        assert span_names(sink) == []
+    else:
+        to = f"exported over OTLP/gRPC to {collector.grpc_endpoint}"
+        said = f"spans {to}; metrics {to}"
+        calls = [name for name in span_names(sink) if name.startswith("chat ")]
+        assert len(calls) == 4, span_names(sink)
+    assert said in done.stderr.splitlines(), done.stderr
+
+
 # ------------------------------------------------------------------ providers already set
 
 APP_PROVIDERS = """
@@ -587,6 +625,7 @@ client.close()
 print(json.dumps({
     "returned_global": built.tracer_provider is trace.get_tracer_provider(),
     "exporting": built.exporting,
+    "exports": built.exports,
 }))
 """
 
@@ -624,7 +663,15 @@ def test_setup_under_opentelemetry_instrument_uses_the_providers_it_configured(
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report == {"returned_global": True, "exporting": False}
+    installed = "by the exporters of the {} installed before setup()"
+    assert report == {
+        "returned_global": True,
+        "exporting": False,
+        "exports": {
+            "spans": [installed.format("TracerProvider")],
+            "metrics": [installed.format("MeterProvider")],
+        },
+    }
     assert "Overriding of current" not in done.stderr, done.stderr
     assert "already instrumented" not in done.stderr, done.stderr
     assert "already installed" in done.stderr, done.stderr

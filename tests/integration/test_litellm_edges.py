@@ -315,6 +315,51 @@ async def test_a_stream_the_caller_drops_ends_not_read_to_end_and_its_call_is_fo
     assert span_counter.started == 1
 
 
+def finished(chunk: Any) -> bool:
+    """The chunk carrying the stream's finish reason (its last content chunk)."""
+    return bool(chunk.choices) and chunk.choices[0].finish_reason is not None
+
+
+@pytest.mark.parametrize("usage", ["usage chunk asked", "no usage chunk"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_stream_closed_after_its_last_content_chunk_ends_not_read_to_end(
+    mode: str, usage: str, otel: Otel, span_counter: SpanCounter, simulator_url: str
+) -> None:
+    """A ``hosted_vllm/`` stream read up to the chunk with its finish reason, then closed
+    (``close()``/``aclose()``, as a caller does once it has the answer) before the usage
+    chunk, or before the end LiteLLM reads after that chunk: LiteLLM 1.110.2 reports the
+    end only when a read after the last chunk finds the provider stream ended
+    (``__next__``, ``_finalize_completed_stream``, streaming_handler.py), which a closed
+    stream never reaches. The callback took a stream whose last chunk was read and that
+    was closed for one LiteLLM had reported, so its call stayed open. Now it ends once,
+    ``not_read_to_end``, when reclaimed."""
+    otel.instrument()
+    before = frozenset(callback_module._calls._started)
+    request = request_kwargs("vllm", "chat", True, seed_for("closed after the last", mode, usage))
+    if usage == "no usage chunk":
+        del request["stream_options"]
+    kwargs = litellm_kwargs("hosted_vllm", request, simulator_url)
+    if mode == "async":
+        stream = await litellm.acompletion(**kwargs)
+        while not finished(await stream.__anext__()):
+            pass
+        await stream.aclose()
+    else:
+        stream = litellm.completion(**kwargs)
+        while not finished(next(stream)):
+            pass
+        stream.close()
+    assert integrations.open_litellm_calls()
+    del stream
+    assert await calls_closed(before) == 0
+
+    (span,) = await settled_spans(otel)
+    assert span.attributes["spec_decode.outcome"] == "not_read_to_end"
+    assert otel.requests_by_outcome() == {"not_read_to_end": 1}
+    assert await span_counter.open_after_async(SETTLE) == 0
+    assert span_counter.started == 1
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_a_dropped_stream_litellm_sent_through_the_sdk_keeps_only_the_wrappers_span(
     mode: str, otel: Otel, span_counter: SpanCounter, simulator_url: str
@@ -334,16 +379,23 @@ async def test_a_dropped_stream_litellm_sent_through_the_sdk_keeps_only_the_wrap
     assert span_counter.started == 1
 
 
+@pytest.mark.parametrize("dropped", ["once its span is out", "at once"])
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_a_stream_read_to_the_end_then_dropped_is_recorded_once(
-    mode: str, otel: Otel, span_counter: SpanCounter, simulator_url: str
+    mode: str, dropped: str, otel: Otel, span_counter: SpanCounter, simulator_url: str
 ) -> None:
     """A ``hosted_vllm/`` stream read to its end, then dropped: LiteLLM 1.110.2 reports
     its end (the callback's span, ``no_stats``: LiteLLM rebuilt the chunks), and
-    reclaiming the stream afterwards ends nothing a second time."""
+    reclaiming the stream afterwards ends nothing a second time.
+
+    Dropped at once, an async stream is reclaimed as soon as LiteLLM's cache task, which
+    holds it, has run: its reclaiming is handled on the finalizer thread while the
+    success event's task, made at the same time, may still be on its way to the callback
+    (a sync stream's events hold it until they ran). The call still gets LiteLLM's end,
+    not ``not_read_to_end``."""
     otel.instrument()
     before = frozenset(callback_module._calls._started)
-    request = request_kwargs("vllm", "chat", True, seed_for("read to the end", mode))
+    request = request_kwargs("vllm", "chat", True, seed_for("read to the end", mode, dropped))
     kwargs = litellm_kwargs("hosted_vllm", request, simulator_url)
     if mode == "async":
         stream = await litellm.acompletion(**kwargs)
@@ -351,8 +403,15 @@ async def test_a_stream_read_to_the_end_then_dropped_is_recorded_once(
     else:
         stream = litellm.completion(**kwargs)
         assert list(stream)
-    (span,) = await settled_spans(otel)
-    del stream
+    if dropped == "at once":
+        del stream
+        await asyncio.sleep(0)  # LiteLLM's cache task, which holds an async stream, runs
+        gc.collect()
+        time.sleep(0.5)  # the loop held: a reclaimed stream is handled on the finalizer thread
+        (span,) = await settled_spans(otel)
+    else:
+        (span,) = await settled_spans(otel)
+        del stream
     assert await calls_closed(before) == 0
 
     assert await settled_spans(otel) == [span]

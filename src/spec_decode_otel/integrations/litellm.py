@@ -558,6 +558,11 @@ def _watch_dropped_streams(callback: SpecDecodeLiteLLMCallback) -> None:
             _own_iteration = (CustomStreamWrapper.__next__, CustomStreamWrapper.__anext__)
             _patch(
                 CustomStreamWrapper,
+                "_finalize_completed_stream",
+                lambda own: wrapt.FunctionWrapper(own, _finalizing),
+            )
+            _patch(
+                CustomStreamWrapper,
                 "__del__",
                 lambda own: (
                     _reclaimed_without_finalizer
@@ -600,6 +605,25 @@ def _unwatch_dropped_streams(callback: SpecDecodeLiteLLMCallback) -> None:
     _calls.forget_all()
 
 
+#: Set on an async stream once LiteLLM has dispatched its success event.
+_REPORTED = "_spec_decode_otel_reported"
+
+
+async def _finalizing(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """``CustomStreamWrapper._finalize_completed_stream``, where LiteLLM 1.110.2 ends an
+    async stream whose provider stream ended: it returns the finish or usage chunk, or
+    dispatches the success event (a task, which may run after the stream is reclaimed),
+    closes the stream and raises ``StopAsyncIteration``. That last exit is marked on the
+    stream: a stream the caller closed after its last chunk has the same state
+    otherwise."""
+    try:
+        return await wrapped(*args, **kwargs)
+    except StopAsyncIteration:
+        with contextlib.suppress(Exception):
+            vars(instance)[_REPORTED] = True
+        raise
+
+
 def _reclaimed(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> None:
     try:
         wrapped(*args, **kwargs)
@@ -615,10 +639,11 @@ def _stream_reclaimed(stream: Any) -> None:
     """In ``__del__``, on whichever thread the collector interrupted: reads the stream's
     own state and queues the rest, taking no lock (see the finalizer module).
 
-    LiteLLM has reported, or is reporting, the stream's end when it read the last chunk
-    and closed the stream (its success event), or dispatched a failure: those are left
-    to LiteLLM. A sync stream's pending event holds its logging object, which holds the
-    stream (as the response it logged), so it is reclaimed only after the event ran.
+    An async stream whose success event (:func:`_finalizing`) or failure event LiteLLM
+    dispatched is left to LiteLLM: the event's task may run after the stream is
+    reclaimed. Any other stream's end is queued, and the call ended there unless LiteLLM
+    ended it first: a sync stream's events hold its logging object, which holds the
+    stream (as the response it logged), so it is reclaimed only after they ran.
     A subclass iterating something else keeps none of that state: the Router's
     ``FallbackAwareStreamWrapper`` (litellm/router_rust/invoke/streaming.py) reads the
     attempt's own stream, which shares its call and is judged when reclaimed with it."""
@@ -627,8 +652,7 @@ def _stream_reclaimed(stream: Any) -> None:
         if not open_litellm_calls() or (kind.__next__, kind.__anext__) != _own_iteration:
             return
         state = vars(stream)
-        reported = state.get("sent_last_chunk") is True and state.get("_closed") is True
-        if reported or state.get("_failure_logging") is not None:
+        if state.get(_REPORTED) is True or state.get("_failure_logging") is not None:
             return
         details = getattr(state.get("logging_obj"), "model_call_details", None)
         if not isinstance(details, Mapping):

@@ -29,6 +29,7 @@ from instrumentation_helpers import (
     spec_decode_attributes,
 )
 from litellm.litellm_core_utils.streaming_handler import CustomStreamWrapper
+from litellm.responses.streaming_iterator import BaseResponsesAPIStreamingIterator
 from opentelemetry.trace import StatusCode
 from test_litellm import (  # noqa: F401  # the fixtures are used by name
     SETTLE,
@@ -360,6 +361,77 @@ async def test_a_stream_closed_after_its_last_content_chunk_ends_not_read_to_end
     assert span_counter.started == 1
 
 
+#: How a Responses stream is left: LiteLLM's replayed stream has no ``close()``.
+RESPONSES_LEFT = [
+    (shape, how)
+    for shape in RESPONSES_STREAMS
+    for how in ("unread", "read in part", "closed", "read to the end")
+    if (shape, how) != ("fake stream", "closed")
+]
+
+
+@pytest.mark.parametrize(("shape", "how"), RESPONSES_LEFT)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_responses_stream_the_caller_drops_ends_once(
+    mode: str,
+    shape: str,
+    how: str,
+    otel: Otel,
+    span_counter: SpanCounter,
+    simulator_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``litellm.responses(model="hosted_vllm/...", stream=True)`` (or ``aresponses``),
+    streamed from the server or replayed (:data:`RESPONSES_STREAMS`), left unread, read
+    in part, or closed (``close()``/``aclose()``), then dropped: LiteLLM 1.110.2 reports
+    a Responses stream's end only at its terminal event or a failure
+    (``BaseResponsesAPIStreamingIterator._process_chunk``,
+    litellm/responses/streaming_iterator.py), and these iterators are no
+    ``CustomStreamWrapper``, so the call stayed open. Now it ends once, when reclaimed,
+    ``not_read_to_end``; read to the end, it has LiteLLM's end (``no_stats``) and
+    nothing more."""
+    responses_streamed_as(shape, monkeypatch)
+    otel.instrument()
+    before = frozenset(callback_module._calls._started)
+    seed = f"responses dropped {shape} {how}"
+    if mode == "async":
+        stream = await open_stream("responses", mode, simulator_url, seed)
+        kind = type(stream).__name__
+        if how == "read to the end":
+            assert [event async for event in stream]
+        elif how != "unread":
+            assert await stream.__anext__()
+        if how == "closed":
+            await stream.aclose()
+        if how != "read to the end":
+            assert integrations.open_litellm_calls()
+        del stream
+    else:
+
+        def leave() -> str:  # in a thread without an event loop, as in a script
+            stream = open_stream("responses", mode, simulator_url, seed)
+            if how == "read to the end":
+                assert list(stream)
+            elif how != "unread":
+                assert next(stream)
+            if how == "closed":
+                stream.close()
+            if how != "read to the end":
+                assert integrations.open_litellm_calls()
+            return type(stream).__name__
+
+        kind = await asyncio.to_thread(leave)
+    assert kind in RESPONSES_STREAMS[shape]
+    assert await calls_closed(before) == 0
+
+    (span,) = await settled_spans(otel)
+    expected = "no_stats" if how == "read to the end" else "not_read_to_end"
+    assert span.attributes["spec_decode.outcome"] == expected
+    assert otel.requests_by_outcome() == {expected: 1}
+    assert await span_counter.open_after_async(SETTLE) == 0
+    assert span_counter.started == 1
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_a_dropped_stream_litellm_sent_through_the_sdk_keeps_only_the_wrappers_span(
     mode: str, otel: Otel, span_counter: SpanCounter, simulator_url: str
@@ -508,12 +580,15 @@ async def test_uninstrument_puts_back_litellms_stream_finalizer_and_instrument_w
 ) -> None:
     """Instrumenting wraps ``CustomStreamWrapper.__del__`` (LiteLLM 1.110.2's own,
     litellm/litellm_core_utils/streaming_handler.py) to end the calls of dropped
-    streams; uninstrumenting left it wrapped. Now it is LiteLLM's own again once no
+    streams (and its ``_finalize_completed_stream``, and gives the Responses iterators a
+    ``__del__``); uninstrumenting left it wrapped. Now it is LiteLLM's own again once no
     callback of ours is registered, the calls still open are forgotten (nothing ends them
     any more: a stream held across uninstrument gets no span, and keeps no openai SDK
     stream noted), and instrumenting again wraps it again: a stream dropped then ends."""
     otel.instrument()
     assert not litellms_own(CustomStreamWrapper, "__del__")
+    assert not litellms_own(CustomStreamWrapper, "_finalize_completed_stream")
+    assert "__del__" in vars(BaseResponsesAPIStreamingIterator)
     request = request_kwargs("vllm", "chat", True, seed_for("held across uninstrument"))
     held = litellm.completion(**litellm_kwargs("hosted_vllm", request, simulator_url))
     assert next(held)
@@ -522,11 +597,14 @@ async def test_uninstrument_puts_back_litellms_stream_finalizer_and_instrument_w
     otel.uninstrument()
     gc.collect()  # callbacks of ours other tests made and dropped
     assert litellms_own(CustomStreamWrapper, "__del__")
+    assert litellms_own(CustomStreamWrapper, "_finalize_completed_stream")
+    assert "__del__" not in vars(BaseResponsesAPIStreamingIterator)  # it has none of its own
     assert integrations.open_litellm_calls() == 0
     assert not callback_module._calls._started
 
     otel.instrument()
     assert not litellms_own(CustomStreamWrapper, "__del__")
+    assert "__del__" in vars(BaseResponsesAPIStreamingIterator)
     del held
     await drop_stream("async", "read in part", "hosted_vllm", simulator_url, "reinstrumented")
     assert await calls_closed() == 0

@@ -531,6 +531,9 @@ _ABSENT = object()
 #: ``CustomStreamWrapper``'s own ``__next__`` and ``__anext__``: only a stream iterated by
 #: them has the state :func:`_stream_reclaimed` reads.
 _own_iteration: tuple[Any, Any] | None = None
+#: The ``__next__``/``__anext__`` of the Responses iterators that read the server's
+#: answer themselves (:func:`_responses_stream_reclaimed`).
+_responses_iteration: frozenset[Any] = frozenset()
 
 
 def _watch_dropped_streams(callback: SpecDecodeLiteLLMCallback) -> None:
@@ -538,16 +541,18 @@ def _watch_dropped_streams(callback: SpecDecodeLiteLLMCallback) -> None:
     any callback of ours is set up and not unregistered).
 
     LiteLLM 1.110.2 reports a stream's end only when it is read to the end or fails
-    (``CustomStreamWrapper``, litellm_core_utils/streaming_handler.py): ``close()``,
-    ``aclose()`` and dropping it send no event, so its call stayed open here, and with it
-    the notes of every openai SDK stream (:mod:`spec_decode_otel.integrations`). No hook
-    hands a callback an async call's stream (a sync call's is only logged as its
-    response), so the stream's own finalizer is wrapped: when the collector reclaims a
-    stream LiteLLM has not reported ended, its call is ended on the finalizer thread
-    (:mod:`spec_decode_otel.instrumentation.finalizer`), as the openai wrapper's stream
-    proxies end theirs. A stream the caller keeps after ``close()`` ends when reclaimed.
+    (``CustomStreamWrapper``, litellm_core_utils/streaming_handler.py; the Responses
+    API's iterators, litellm/responses/streaming_iterator.py): ``close()``, ``aclose()``
+    and dropping it send no event, so its call stayed open here, and with it the notes
+    of every openai SDK stream (:mod:`spec_decode_otel.integrations`). No hook hands a
+    callback an async call's stream (a sync call's is only logged as its response), so
+    the streams' own finalizers are wrapped (the Responses iterators get one): when the
+    collector reclaims a stream LiteLLM has not reported ended, its call is ended on the
+    finalizer thread (:mod:`spec_decode_otel.instrumentation.finalizer`), as the openai
+    wrapper's stream proxies end theirs. A stream the caller keeps after ``close()``
+    ends when reclaimed.
     """
-    global _own_iteration
+    global _own_iteration, _responses_iteration
     with _watch_lock:
         _watchers.add(callback)
         if _patches:
@@ -561,17 +566,42 @@ def _watch_dropped_streams(callback: SpecDecodeLiteLLMCallback) -> None:
                 "_finalize_completed_stream",
                 lambda own: wrapt.FunctionWrapper(own, _finalizing),
             )
-            _patch(
-                CustomStreamWrapper,
-                "__del__",
-                lambda own: (
-                    _reclaimed_without_finalizer
-                    if own is _ABSENT
-                    else wrapt.FunctionWrapper(own, _reclaimed)
-                ),
-            )
+            _patch(CustomStreamWrapper, "__del__", _calling(_stream_reclaimed))
         except Exception:
             report_internal_error("litellm.watch_streams")
+        try:
+            from litellm.responses import streaming_iterator as responses
+
+            _responses_iteration = frozenset(
+                {
+                    responses.SyncResponsesAPIStreamingIterator.__next__,
+                    responses.ResponsesAPIStreamingIterator.__anext__,
+                    responses.MockResponsesAPIStreamingIterator.__next__,
+                    responses.MockResponsesAPIStreamingIterator.__anext__,
+                }
+            )
+            _patch(
+                responses.BaseResponsesAPIStreamingIterator,
+                "__del__",
+                _calling(_responses_stream_reclaimed),
+            )
+        except Exception:
+            report_internal_error("litellm.watch_responses_streams")
+
+
+def _calling(reclaimed: Any) -> Any:
+    """What to set as ``__del__``: LiteLLM's own (if any), then ``reclaimed(stream)``."""
+
+    def ours_for(own: Any) -> Any:
+        if own is _ABSENT:
+
+            def __del__(self: Any) -> None:
+                reclaimed(self)
+
+            return __del__
+        return wrapt.FunctionWrapper(own, functools.partial(_reclaimed, reclaimed))
+
+    return ours_for
 
 
 def _patch(cls: type, name: str, ours_for: Any) -> None:
@@ -624,15 +654,11 @@ async def _finalizing(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> An
         raise
 
 
-def _reclaimed(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> None:
+def _reclaimed(reclaimed: Any, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> None:
     try:
         wrapped(*args, **kwargs)
     finally:
-        _stream_reclaimed(instance)
-
-
-def _reclaimed_without_finalizer(self: Any) -> None:
-    _stream_reclaimed(self)
+        reclaimed(instance)
 
 
 def _stream_reclaimed(stream: Any) -> None:
@@ -654,23 +680,61 @@ def _stream_reclaimed(stream: Any) -> None:
         state = vars(stream)
         if state.get(_REPORTED) is True or state.get("_failure_logging") is not None:
             return
-        details = getattr(state.get("logging_obj"), "model_call_details", None)
-        if not isinstance(details, Mapping):
-            return
-        kept: dict[str, Any] = {name: details.get(name) for name in _DROPPED_FIELDS}
-        params = details.get("litellm_params")
-        if isinstance(params, Mapping):
-            kept["litellm_params"] = {"api_base": params.get("api_base")}
-        optional = details.get("optional_params")
-        if isinstance(optional, Mapping):
-            kept["optional_params"] = {"stream_options": optional.get("stream_options")}
-        stamp = wire.attempt_start(kept)
-        now = datetime.now(stamp.tzinfo) if stamp is not None else None
         sdk_stream = isinstance(state.get("completion_stream"), _StreamProxyBase)
-        finalizer.defer(functools.partial(_forget_dropped, kept, now, sdk_stream))
-    except Exception as error:  # reported from the finalizer's thread; never from here
-        with contextlib.suppress(Exception):
-            finalizer.defer(functools.partial(_report, error.with_traceback(None)))
+        _queue_end(state.get("logging_obj"), sdk_stream)
+    except Exception as error:
+        _report_later(error)
+
+
+def _responses_stream_reclaimed(stream: Any) -> None:
+    """In a Responses iterator's ``__del__``, as :func:`_stream_reclaimed`.
+
+    LiteLLM 1.110.2 has reported, or is reporting, a Responses stream's end when it
+    logged the terminal event (``_completed_response_logged``, set before the success
+    event is dispatched) or a failure (``_failure_handled``): those are left to it. Only
+    the iterators that read the answer themselves are judged: the server's stream
+    (``SyncResponsesAPIStreamingIterator`` / ``ResponsesAPIStreamingIterator``) or the
+    unstreamed answer replayed (``MockResponsesAPIStreamingIterator``), all sent by
+    LiteLLM's own handler. The others iterate another stream, judged when reclaimed:
+    a Responses call answered through a chat completion, a Router's fallback, MCP's."""
+    try:
+        kind = type(stream)
+        own = _responses_iteration
+        if not open_litellm_calls() or (
+            getattr(kind, "__next__", None) not in own
+            and getattr(kind, "__anext__", None) not in own
+        ):
+            return
+        state = vars(stream)
+        if state.get("_completed_response_logged") is True or state.get("_failure_handled"):
+            return
+        _queue_end(state.get("logging_obj"), sdk_stream=False)
+    except Exception as error:
+        _report_later(error)
+
+
+def _queue_end(logging_obj: Any, sdk_stream: bool) -> None:
+    """Queue the end of a reclaimed stream's call on the finalizer thread, with the few
+    call fields it needs (none of the content)."""
+    details = getattr(logging_obj, "model_call_details", None)
+    if not isinstance(details, Mapping):
+        return
+    kept: dict[str, Any] = {name: details.get(name) for name in _DROPPED_FIELDS}
+    params = details.get("litellm_params")
+    if isinstance(params, Mapping):
+        kept["litellm_params"] = {"api_base": params.get("api_base")}
+    optional = details.get("optional_params")
+    if isinstance(optional, Mapping):
+        kept["optional_params"] = {"stream_options": optional.get("stream_options")}
+    stamp = wire.attempt_start(kept)
+    now = datetime.now(stamp.tzinfo) if stamp is not None else None
+    finalizer.defer(functools.partial(_forget_dropped, kept, now, sdk_stream))
+
+
+def _report_later(error: Exception) -> None:
+    """Reported from the finalizer's thread; never from ``__del__``."""
+    with contextlib.suppress(Exception):
+        finalizer.defer(functools.partial(_report, error.with_traceback(None)))
 
 
 def _forget_dropped(kwargs: Mapping[str, Any], end_time: Any, sdk_stream: bool) -> None:

@@ -432,6 +432,47 @@ async def test_a_responses_stream_the_caller_drops_ends_once(
     assert span_counter.started == 1
 
 
+@pytest.mark.parametrize("how", ["unread", "read in part"])
+@pytest.mark.parametrize("route", ["hosted_vllm", "openai"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_text_completion_stream_the_caller_drops_ends_its_call(
+    mode: str, route: str, how: str, otel: Otel, span_counter: SpanCounter, simulator_url: str
+) -> None:
+    """``litellm.text_completion(..., stream=True)`` (or ``atext_completion``) left
+    unread or read in part, then dropped. LiteLLM 1.110.2 hands back a
+    ``TextCompletionStreamWrapper`` (litellm/text_completions/streaming_iterator.py)
+    around a generator that sends the request through the openai SDK, and makes its
+    ``CustomStreamWrapper``, only when first read (``OpenAITextCompletion.streaming`` /
+    ``async_streaming``, litellm/llms/openai/completion/handler.py); it logs that
+    generator as the call's response. Dropped unread, nothing was sent and no
+    ``CustomStreamWrapper`` made, so nothing ended the call: it stayed open. Now it is
+    forgotten when the generator is reclaimed, with no span (there was no request); read
+    in part, the openai wrapper's span ends ``not_read_to_end``, once."""
+    otel.instrument()
+    before = frozenset(callback_module._calls._started)
+    request = request_kwargs("vllm", "completions", True, seed_for("text", mode, route, how))
+    kwargs = litellm_kwargs(route, request, simulator_url)
+    if mode == "async":
+        stream = await litellm.atext_completion(**kwargs)
+        if how != "unread":
+            assert await stream.__anext__()
+    else:
+        stream = litellm.text_completion(**kwargs)
+        if how != "unread":
+            assert next(stream)
+    assert type(stream).__name__ == "TextCompletionStreamWrapper"
+    assert integrations.open_litellm_calls()
+    del stream
+    assert await calls_closed(before) == 0
+
+    sent = how != "unread"
+    spans = await settled_spans(otel, int(sent))
+    assert [s.attributes["spec_decode.outcome"] for s in spans] == ["not_read_to_end"] * sent
+    assert otel.requests_by_outcome() == ({"not_read_to_end": 1} if sent else {})
+    assert await span_counter.open_after_async(SETTLE) == 0
+    assert span_counter.started == sent
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_a_dropped_stream_litellm_sent_through_the_sdk_keeps_only_the_wrappers_span(
     mode: str, otel: Otel, span_counter: SpanCounter, simulator_url: str

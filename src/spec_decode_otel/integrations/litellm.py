@@ -31,13 +31,15 @@ own, with its own span on the deployment it reached, even under one ``litellm_ca
 
 The span is made when LiteLLM logs a non-streamed call's answer, or reports a streamed
 or failed call's end, with the call's own start and end times, as a child of the span
-that was current when the call started. A chat stream the caller drops (or closes)
-before its end, which LiteLLM never reports, ends when it is reclaimed:
+that was current when the call started. A stream the caller drops (or closes) before
+its end, which LiteLLM never reports (chat, Responses, a text completion's, read in part,
+unread, or closed after its last content chunk), ends when it is reclaimed:
 ``not_read_to_end`` when LiteLLM's own handler read it, as the openai wrapper ends an SDK
-stream dropped early. LiteLLM's own OpenTelemetry callback makes and ends its
-``litellm_request`` span inside its logging handler, which no callback can add
-attributes to: with it on, each call has LiteLLM's span and ours (only ours carries
-``spec_decode.*``).
+stream dropped early; one the SDK read keeps only the wrapper's span. The classes
+patched for this are put back once no callback is registered. LiteLLM's own
+OpenTelemetry callback makes and ends its ``litellm_request`` span inside its logging
+handler, which no callback can add attributes to: with it on, each call has LiteLLM's
+span and ours (only ours carries ``spec_decode.*``).
 """
 
 from __future__ import annotations
@@ -119,6 +121,10 @@ class _Started:
     callback: SpecDecodeLiteLLMCallback
     #: The process that started it: a forked child's copy is the parent's to end.
     pid: int = dataclasses.field(default_factory=os.getpid)
+    #: The generator that sends the request when first read, which LiteLLM logged as
+    #: the response (:meth:`SpecDecodeLiteLLMCallback._responded`), weakly: the call
+    #: is forgotten when it is reclaimed.
+    sender: weakref.ref[Any] | None = None
 
 
 class _Calls:
@@ -327,6 +333,12 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             or inspect.isgenerator(original)
             or inspect.isasyncgen(original)
         )
+        if inspect.isgenerator(original) or inspect.isasyncgen(original):
+            # A stream sent when first read: what the caller holds iterates this
+            # generator (a text completion's), and drops it with it.
+            started.sender = weakref.ref(
+                original, functools.partial(_sender_reclaimed, _kept(kwargs))
+            )
         if not deferred:
             if last_sdk_request.get() > started.mark.started:
                 started.mark.via_sdk = True
@@ -713,12 +725,24 @@ def _responses_stream_reclaimed(stream: Any) -> None:
         _report_later(error)
 
 
-def _queue_end(logging_obj: Any, sdk_stream: bool) -> None:
-    """Queue the end of a reclaimed stream's call on the finalizer thread, with the few
-    call fields it needs (none of the content)."""
-    details = getattr(logging_obj, "model_call_details", None)
-    if not isinstance(details, Mapping):
-        return
+def _sender_reclaimed(kept: Mapping[str, Any], _sender: Any) -> None:
+    """The weak reference's callback, run like ``__del__``: the generator a text
+    completion's stream iterates is reclaimed. LiteLLM 1.110.2 sends the request, and
+    makes the ``CustomStreamWrapper`` reading it, only when the generator is first read
+    (``OpenAITextCompletion.streaming`` / ``async_streaming``, litellm/llms/openai/
+    completion/handler.py): a stream dropped unread had neither, and nothing else would
+    end its call. A stream read (to its end or not) has the openai wrapper's span, so
+    its call is only forgotten, here or by its ``CustomStreamWrapper``, whichever comes
+    first."""
+    try:
+        _queue(kept, sdk_stream=False)
+    except Exception as error:
+        _report_later(error)
+
+
+def _kept(details: Mapping[str, Any]) -> dict[str, Any]:
+    """What a dropped stream's end needs of LiteLLM's call details (none of the
+    content)."""
     kept: dict[str, Any] = {name: details.get(name) for name in _DROPPED_FIELDS}
     params = details.get("litellm_params")
     if isinstance(params, Mapping):
@@ -726,6 +750,18 @@ def _queue_end(logging_obj: Any, sdk_stream: bool) -> None:
     optional = details.get("optional_params")
     if isinstance(optional, Mapping):
         kept["optional_params"] = {"stream_options": optional.get("stream_options")}
+    return kept
+
+
+def _queue_end(logging_obj: Any, sdk_stream: bool) -> None:
+    """Queue the end of a reclaimed stream's call on the finalizer thread, with the few
+    call fields it needs."""
+    details = getattr(logging_obj, "model_call_details", None)
+    if isinstance(details, Mapping):
+        _queue(_kept(details), sdk_stream)
+
+
+def _queue(kept: Mapping[str, Any], sdk_stream: bool) -> None:
     stamp = wire.attempt_start(kept)
     now = datetime.now(stamp.tzinfo) if stamp is not None else None
     finalizer.defer(functools.partial(_forget_dropped, kept, now, sdk_stream))

@@ -86,10 +86,11 @@ def no_litellm_call_open() -> Iterator[None]:
 
     While a LiteLLM call is open the openai wrapper notes each SDK stream for the LiteLLM
     callback (``integrations.note_openai_stream``, a cache bounded at ``MAX_STREAMS``).
-    A stream dropped before its end is a call LiteLLM never reports ended, so it stays
-    open, and LiteLLM's logging worker, still running events of earlier tests, sets the
-    count of open calls again from the callback's table whenever a call ends. So the
-    table is swapped for an empty one too (when the callback's module is loaded at all).
+    A call an earlier test left (its stream not yet reclaimed, or its end still queued in
+    LiteLLM's logging worker) is still open here, and that worker, running events of
+    earlier tests, sets the count of open calls again from the callback's table whenever a
+    call ends. So the table is swapped for an empty one too (when the callback's module is
+    loaded at all).
     """
     import sys
 

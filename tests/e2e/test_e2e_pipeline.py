@@ -989,8 +989,12 @@ def test_two_servers_on_one_host_stay_apart(two_ports: dict[str, Any], prom: htt
     rule = "job_model_server:spec_decode_requests_with_stats:ratio_rate5m"
     deadline = time.monotonic() + 60
     while True:
+        # Until the rule has evaluated over the last samples: an evaluation between two
+        # scrapes of the first half's counts (no increase yet) reads 0/0 = NaN, and the
+        # rule runs up to a second after the fixture saw the final counts.
         got = prom_by_label(prom, f"last_over_time({rule}{{{job}}}[5m])", "server_port")
-        if set(got) == set(ports.values()) or time.monotonic() > deadline:
+        complete = set(got) == set(ports.values()) and not any(map(math.isnan, got.values()))
+        if complete or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert set(got) == set(ports.values()), f"{rule}: {got}, want one series per port {ports}"

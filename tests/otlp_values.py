@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from oteltap import OtelTapHttpProtobufReceiver, OtelTapHttpProtobufReceiverSettings
@@ -19,6 +23,23 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_"))}
     env.update(extra)
     return env
+
+
+def run_under_opentelemetry_instrument(
+    app: Path, timeout: float = 90, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``opentelemetry-instrument python app`` (the distro's zero-code launcher, as a user
+    runs it), in :func:`clean_env` plus ``env``; its output captured as text."""
+    instrument = shutil.which("opentelemetry-instrument")
+    assert instrument, "opentelemetry-distro's opentelemetry-instrument is not installed"
+    return subprocess.run(
+        [instrument, sys.executable, str(app)],
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @dataclass

@@ -22,7 +22,12 @@ from typing import Any
 
 import pytest
 
-from otlp_values import clean_env, otlp_attributes, receiving_otlp
+from otlp_values import (
+    clean_env,
+    otlp_attributes,
+    receiving_otlp,
+    run_under_opentelemetry_instrument,
+)
 
 HERE = Path(__file__).resolve().parent
 APP = HERE / "zero_code_app.py"
@@ -255,24 +260,16 @@ def test_options_in_code_replace_what_opentelemetry_instrument_set_from_the_envi
     and its streamed calls to vLLM had no statistics. Options given in code replace
     settings that came from the environment only (logged at INFO on ``spec_decode_otel``);
     given a second time in code, the first stay, with the warning at the app's line."""
-    instrument = shutil.which("opentelemetry-instrument")
-    assert instrument, "opentelemetry-distro's opentelemetry-instrument is not installed"
     app = tmp_path / "app.py"
     app.write_text(OPTIONS_IN_CODE)
-    done = subprocess.run(
-        [instrument, sys.executable, str(app)],
-        env=clean_env(
-            SIMULATOR_URL=simulator_url,
-            HOW=how,
-            OTEL_TRACES_EXPORTER="none",
-            OTEL_METRICS_EXPORTER="none",
-            OTEL_LOGS_EXPORTER="none",
-            OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="openai",
-        ),
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
+    done = run_under_opentelemetry_instrument(
+        app,
+        SIMULATOR_URL=simulator_url,
+        HOW=how,
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="openai",
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])

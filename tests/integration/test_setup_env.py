@@ -25,7 +25,7 @@ import pytest
 from collector_sink import Collector, Sink, attributes, running_collector, running_sink
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
-from otlp_values import clean_env
+from otlp_values import clean_env, run_under_opentelemetry_instrument
 
 #: One instrumented chat call to the simulator, then a normal exit.
 ONE_CALL = """
@@ -641,25 +641,17 @@ def test_setup_under_opentelemetry_instrument_uses_the_providers_it_configured(
     allowed", warned "already instrumented; the first settings stay" though it was given
     no settings, and returned providers that were not the ones recording. It uses the
     distro's providers: the call is exported once, as the distro exports it."""
-    instrument = shutil.which("opentelemetry-instrument")
-    assert instrument, "opentelemetry-distro's opentelemetry-instrument is not installed"
     app = tmp_path / "app.py"
     app.write_text(ZERO_CODE_SETUP)
-    done = subprocess.run(
-        [instrument, sys.executable, str(app)],
-        env=clean_env(
-            SIMULATOR_URL=simulator_url,
-            OTEL_SERVICE_NAME="zero-code-service",
-            OTEL_TRACES_EXPORTER="otlp",
-            OTEL_METRICS_EXPORTER="otlp",
-            OTEL_LOGS_EXPORTER="none",
-            OTEL_EXPORTER_OTLP_ENDPOINT=collector.grpc_endpoint,
-            OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="openai",
-        ),
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
+    done = run_under_opentelemetry_instrument(
+        app,
+        SIMULATOR_URL=simulator_url,
+        OTEL_SERVICE_NAME="zero-code-service",
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_METRICS_EXPORTER="otlp",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_EXPORTER_OTLP_ENDPOINT=collector.grpc_endpoint,
+        OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="openai",
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -700,22 +692,14 @@ def test_opentelemetry_instrument_leaves_us_out_when_our_entry_point_is_disabled
     ``auto_instrumentation/_load.py`` ``_load_instrumentors``): ours is ``spec_decode``
     (pyproject.toml), so ``spec_decode`` turns it off, alone or in a list, and a near
     miss does not."""
-    instrument = shutil.which("opentelemetry-instrument")
-    assert instrument, "opentelemetry-distro's opentelemetry-instrument is not installed"
     app = tmp_path / "app.py"
     app.write_text(INSTRUMENTED)
-    done = subprocess.run(
-        [instrument, sys.executable, str(app)],
-        env=clean_env(
-            OTEL_TRACES_EXPORTER="none",
-            OTEL_METRICS_EXPORTER="none",
-            OTEL_LOGS_EXPORTER="none",
-            OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=disabled,
-        ),
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
+    done = run_under_opentelemetry_instrument(
+        app,
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=disabled,
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) is instrumented

@@ -302,6 +302,17 @@ def _or_warn(signal: str, name: str, build: Callable[[str], _T]) -> _T | None:
         return None
 
 
+def _exporters(signal: str, kind: str, build: Callable[[str], _T]) -> list[tuple[_T, str]]:
+    """Each exporter ``OTEL_<SIGNAL>_EXPORTER`` names (:func:`_exporter_names`) that could
+    be built, with where it sends ``kind`` (``spans``, ``metrics``), in words."""
+    built = []
+    for name in _exporter_names(signal):
+        exporter = _or_warn(kind, name, build)
+        if exporter is not None:
+            built.append((exporter, _destination(signal, name)))
+    return built
+
+
 def _tracer_provider(resource: Resource) -> TracerProvider:
     """The SDK's TracerProvider, with the SDK's default span limits when the
     environment's are refused (``OTEL_ATTRIBUTE_COUNT_LIMIT=abc``: ``SpanLimits`` raises)."""
@@ -456,12 +467,10 @@ def setup(
         exports: dict[str, list[str]] = {"spans": [], "metrics": []}
         if installed_tracer is None:
             tracer_provider = _tracer_provider(resource)
-            for name in _exporter_names("TRACES"):
-                exporting_processor = _or_warn("spans", name, _span_processor)
-                if exporting_processor is not None:
-                    tracer_provider.add_span_processor(exporting_processor)
-                    exporting = True
-                    exports["spans"].append(_destination("TRACES", name))
+            for processor, where in _exporters("TRACES", "spans", _span_processor):
+                tracer_provider.add_span_processor(processor)
+                exports["spans"].append(where)
+                exporting = True
         else:
             tracer_provider = installed_tracer
             exports["spans"].append(_INSTALLED.format(kind="TracerProvider"))
@@ -469,12 +478,10 @@ def setup(
             tracer_provider.add_span_processor(processor)
         if installed_meter is None:
             readers = list(metric_readers)
-            for name in _exporter_names("METRICS"):
-                exporting_reader = _or_warn("metrics", name, _metric_reader)
-                if exporting_reader is not None:
-                    readers.append(exporting_reader)
-                    exporting = True
-                    exports["metrics"].append(_destination("METRICS", name))
+            for reader, where in _exporters("METRICS", "metrics", _metric_reader):
+                readers.append(reader)
+                exports["metrics"].append(where)
+                exporting = True
             meter_provider = _meter_provider(resource, readers)
         else:
             meter_provider = installed_meter

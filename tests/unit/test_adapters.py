@@ -586,6 +586,31 @@ def test_trtllm_unusable_average_gives_no_record(average):
     assert record_from_json(body(choices=[choice(avg_decoded_tokens_per_iter=average)])) is None
 
 
+def test_trtllm_average_of_zero_means_no_decoding_iteration_not_a_malformed_payload():
+    """TensorRT-LLM's ``LlmRequest::getAvgDecodedTokensPerIter`` (``cpp/include/
+    tensorrt_llm/batch_manager/llmRequest.h``, main branch, Dec 2026) returns ``0.F``
+    while ``mDecodingIter == 0``: a request answered from its prefill alone (the C++
+    runtime with ``max_tokens: 1``) sends 0.0. That is "no stats" (outcome ``no_stats``),
+    not ``invalid``, which the dashboard counts as a server sending garbage; a stream
+    whose early chunks say 0.0 still takes the last chunk's average."""
+    from spec_decode_otel.adapters.registry import detect_outcome
+    from spec_decode_otel.outcome import Outcome
+
+    prefill_only = ParsedResponse.from_dict(
+        body(choices=[choice(finish_reason="length", avg_decoded_tokens_per_iter=0.0)])
+    )
+    assert prefill_only is not None
+    found = detect_outcome([prefill_only])
+    assert (found.record, found.outcome) == (None, Outcome.NO_STATS)
+
+    streamed = [
+        chunk([delta(0, None, avg_decoded_tokens_per_iter=0.0)]),
+        chunk([delta(0, "stop", content="", avg_decoded_tokens_per_iter=2.5)]),
+    ]
+    record = record_from_json(streamed)
+    assert record is not None and record.mean_acceptance_length == 2.5
+
+
 @pytest.mark.parametrize(
     "changes",
     [

@@ -13,7 +13,9 @@ prefill iteration and its token too. For S verify steps and A accepted drafts th
 or A (``usage.completion_tokens`` need not equal the engine's count of generated
 tokens). So the record is partial and carries TensorRT-LLM's own average as its mean
 acceptance length, every count None; README says how far it reads low. No count is
-invented.
+invented. An average of exactly 0 is the engine's "no decoding iteration yet" (the
+getter returns 0 while ``mDecodingIter`` is 0, as after a prefill-only request on the C++
+runtime): no stats, not a malformed payload.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ _STATS = "speculative_decoding"
 _AVERAGE = "avg_decoded_tokens_per_iter"
 
 
+def _has_average(value: object) -> bool:
+    return is_present(value) and not (type(value) in (int, float) and value == 0)
+
+
 class TensorRtLlmAdapter:
     """Maps TensorRT-LLM's per-choice stats, full or acceptance-length-only."""
 
@@ -47,7 +53,7 @@ class TensorRtLlmAdapter:
     @classmethod
     def can_adapt(cls, responses: Sequence[ParsedResponse]) -> bool:
         return any(
-            is_present(choice.get(_STATS)) or is_present(choice.get(_AVERAGE))
+            is_present(choice.get(_STATS)) or _has_average(choice.get(_AVERAGE))
             for response in responses
             for choice in response.choices
         )

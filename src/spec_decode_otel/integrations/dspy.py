@@ -47,6 +47,7 @@ take) never reaches lm15, and lm15 never calls the openai SDK or LiteLLM.
 from __future__ import annotations
 
 import contextvars
+import functools
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -85,9 +86,7 @@ _active: Instrumentation | None = None
 _hook_registered = False
 #: (class, attribute, original, our wrapper) for each method wrapped.
 _patches: list[tuple[type, str, Any, Any]] = []
-#: The instrumentation ``_patches`` record for: a wrapper of ours records only while its
-#: own instrumentation is the active one (one left inside someone else's wrapper by an
-#: uninstrument, then instrumenting again, passes through; no call is recorded twice).
+#: The instrumentation ``_patches`` were made for.
 _patched_for: Instrumentation | None = None
 #: What the wrappers need of lm15, set when its module is imported.
 _lm15: dict[str, Any] = {}
@@ -163,26 +162,19 @@ def _on_import(_module: Any) -> None:
             )
             for cls, name, wrapper in targets:
                 original = cls.__dict__[name]
-                patched = wrapt.FunctionWrapper(original, _bound(wrapper, instrumentation))
+                # Ours records only while its own instrumentation is the active one: one
+                # left inside someone else's wrapper by an uninstrument, then instrumenting
+                # again, passes every call through (no call is recorded twice).
+                patched = wrapt.FunctionWrapper(
+                    original,
+                    functools.partial(wrapper, instrumentation),
+                    enabled=lambda: _active is instrumentation,
+                )
                 setattr(cls, name, patched)
                 _patches.append((cls, name, original, patched))
             _patched_for = instrumentation
     except Exception:
         report_internal_error("dspy.patch")
-
-
-def _bound(wrapper: Callable[..., Any], instrumentation: Instrumentation) -> Callable[..., Any]:
-    """``wrapper`` for ``instrumentation``, passing every call straight through unless
-    that is the active instrumentation."""
-
-    def bound(
-        wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: Any
-    ) -> Any:
-        if _active is not instrumentation:
-            return wrapped(*args, **kwargs)
-        return wrapper(instrumentation, wrapped, instance, args, kwargs)
-
-    return bound
 
 
 # -- starting a call ---------------------------------------------------------------------

@@ -47,10 +47,10 @@ take) never reaches lm15, and lm15 never calls the openai SDK or LiteLLM.
 from __future__ import annotations
 
 import contextvars
-import functools
 import sys
 import threading
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -143,8 +143,8 @@ def _on_import(_module: Any) -> None:
         targets: list[tuple[type, str, Callable[..., Any]]] = [
             (base.BaseProviderLM, "_send", _sync_send),
             (async_base.AsyncBaseProviderLM, "_send", _async_send),
-            (base.BaseProviderLM, "_stream_raw", _sync_stream_raw),
-            (async_base.AsyncBaseProviderLM, "_stream_raw", _async_stream_raw),
+            (base.BaseProviderLM, "_stream_raw", partial(_stream_raw, _SyncEvents)),
+            (async_base.AsyncBaseProviderLM, "_stream_raw", partial(_stream_raw, _AsyncEvents)),
             (openai_chat.OpenAIChatLM, "parse_stream_events", _parse_stream_event),
         ]
         with _lock:
@@ -155,8 +155,7 @@ def _on_import(_module: Any) -> None:
             if not all(callable(cls.__dict__.get(name)) for cls, name, _ in targets):
                 return  # another lm15: its request path is not the one read here
             _lm15.update(
-                sync_chat=openai_chat.OpenAIChatLM,
-                async_chat=async_base.AsyncOpenAIChatLM,
+                chat=(openai_chat.OpenAIChatLM, async_base.AsyncOpenAIChatLM),
                 map_http_error=errors.map_http_error,
                 error_class_for_code=errors.error_class_for_code,
             )
@@ -167,7 +166,7 @@ def _on_import(_module: Any) -> None:
                 # again, passes every call through (no call is recorded twice).
                 patched = wrapt.FunctionWrapper(
                     original,
-                    functools.partial(wrapper, instrumentation),
+                    partial(wrapper, instrumentation),
                     enabled=lambda: _active is instrumentation,
                 )
                 setattr(cls, name, patched)
@@ -211,12 +210,12 @@ class _Pending:
         )
 
 
-def _pending(instance: Any, req: Any, chat: str) -> _Pending | None:
+def _pending(instance: Any, req: Any) -> _Pending | None:
     """A call's plan for ``req`` (lm15's ``TransportRequest``) when it is a Chat
-    Completions request of lm15's OpenAI-compatible client (``chat`` names its class)
-    and we are recording; else None. Never raises."""
+    Completions request of lm15's OpenAI-compatible client, sync or async, and we are
+    recording; else None. Never raises."""
     try:
-        if not is_instrumentation_enabled() or not isinstance(instance, _lm15[chat]):
+        if not is_instrumentation_enabled() or not isinstance(instance, _lm15["chat"]):
             return None
         if req is None or str(getattr(req, "method", "")).upper() != "POST":
             return None
@@ -235,19 +234,13 @@ def _pending(instance: Any, req: Any, chat: str) -> _Pending | None:
         return None
 
 
-def _sent(args: tuple[Any, ...], kwargs: Any) -> Any:
-    """``req`` of ``_send(request)``."""
-    return args[0] if args else kwargs.get("request")
+def _argument(args: tuple[Any, ...], kwargs: Any, index: int, name: str) -> Any:
+    """The wrapped method's argument ``name``, given at ``index`` or by name (else None)."""
+    return args[index] if len(args) > index else kwargs.get(name)
 
 
-def _streamed(args: tuple[Any, ...], kwargs: Any) -> Any:
-    """``req`` of ``_stream_raw(request, req=None)`` (None: lm15 builds it itself, which
-    its ``stream`` never leaves it to)."""
-    return args[1] if len(args) > 1 else kwargs.get("req")
-
-
-def _send_call(instrumentation: Instrumentation, instance: Any, req: Any, chat: str) -> Call | None:
-    pending = _pending(instance, req, chat)
+def _send_call(instrumentation: Instrumentation, instance: Any, req: Any) -> Call | None:
+    pending = _pending(instance, req)
     if pending is None:
         return None
     try:
@@ -267,7 +260,7 @@ def _sync_send(
     args: tuple[Any, ...],
     kwargs: Any,
 ) -> Any:
-    call = _send_call(instrumentation, instance, _sent(args, kwargs), "sync_chat")
+    call = _send_call(instrumentation, instance, _argument(args, kwargs, 0, "request"))
     if call is None:
         return wrapped(*args, **kwargs)
     response = send_within(call, wrapped, args, kwargs)
@@ -282,7 +275,7 @@ async def _async_send(
     args: tuple[Any, ...],
     kwargs: Any,
 ) -> Any:
-    call = _send_call(instrumentation, instance, _sent(args, kwargs), "async_chat")
+    call = _send_call(instrumentation, instance, _argument(args, kwargs, 0, "request"))
     if call is None:
         return await wrapped(*args, **kwargs)
     response = await send_within_async(call, wrapped, args, kwargs)
@@ -318,28 +311,20 @@ def _status_error(instance: Any, status: int, body: Any) -> BaseException:
 # -- streamed requests -------------------------------------------------------------------
 
 
-def _sync_stream_raw(
+def _stream_raw(
+    events: type[_EventsBase],
     instrumentation: Instrumentation,
     wrapped: Callable[..., Any],
     instance: Any,
     args: tuple[Any, ...],
     kwargs: Any,
 ) -> Any:
+    """lm15's generator for ``_stream_raw(request, req=None)``, read through ``events``.
+    A ``req`` of None (lm15 to build it, which its ``stream`` never leaves it to) is not
+    recorded."""
     source = wrapped(*args, **kwargs)
-    pending = _pending(instance, _streamed(args, kwargs), "sync_chat")
-    return source if pending is None else _SyncEvents(source, pending, instrumentation)
-
-
-def _async_stream_raw(
-    instrumentation: Instrumentation,
-    wrapped: Callable[..., Any],
-    instance: Any,
-    args: tuple[Any, ...],
-    kwargs: Any,
-) -> Any:
-    source = wrapped(*args, **kwargs)
-    pending = _pending(instance, _streamed(args, kwargs), "async_chat")
-    return source if pending is None else _AsyncEvents(source, pending, instrumentation)
+    pending = _pending(instance, _argument(args, kwargs, 1, "req"))
+    return source if pending is None else events(source, pending, instrumentation)
 
 
 def _parse_stream_event(
@@ -351,7 +336,7 @@ def _parse_stream_event(
 ) -> Any:
     observer = _observing.get()
     if observer is not None:
-        raw = args[1] if len(args) > 1 else kwargs.get("raw_event")
+        raw = _argument(args, kwargs, 1, "raw_event")
         _observe_raw(observer, getattr(raw, "data", None))
     return wrapped(*args, **kwargs)
 

@@ -191,23 +191,28 @@ class _Pending:
         self.context = otel_context.get_current()
         self.user = current_attributes()
 
-    def start(self, instrumentation: Instrumentation, streaming: bool) -> Call:
+    def start(self, instrumentation: Instrumentation, streaming: bool) -> Call | None:
+        """The call, started now; None if that failed. Never raises."""
         body = self.body
         stream_options = body.get("stream_options")
-        return Call(
-            instrumentation.plan(
-                "chat",
-                model=body.get("model"),
-                server=self.server,
-                user=self.user,
-                parent=self.context,
-                requested_sequences=_requested_sequences(body),
-                request=body,
-                streaming=streaming,
-                include_usage=isinstance(stream_options, Mapping)
-                and stream_options.get("include_usage") is True,
+        try:
+            return Call(
+                instrumentation.plan(
+                    "chat",
+                    model=body.get("model"),
+                    server=self.server,
+                    user=self.user,
+                    parent=self.context,
+                    requested_sequences=_requested_sequences(body),
+                    request=body,
+                    streaming=streaming,
+                    include_usage=isinstance(stream_options, Mapping)
+                    and stream_options.get("include_usage") is True,
+                )
             )
-        )
+        except Exception:
+            report_internal_error("dspy.start")
+            return None
 
 
 def _pending(instance: Any, req: Any) -> _Pending | None:
@@ -241,13 +246,7 @@ def _argument(args: tuple[Any, ...], kwargs: Any, index: int, name: str) -> Any:
 
 def _send_call(instrumentation: Instrumentation, instance: Any, req: Any) -> Call | None:
     pending = _pending(instance, req)
-    if pending is None:
-        return None
-    try:
-        return pending.start(instrumentation, streaming=False)
-    except Exception:
-        report_internal_error("dspy.start")
-        return None
+    return None if pending is None else pending.start(instrumentation, streaming=False)
 
 
 # -- non-streamed requests ---------------------------------------------------------------
@@ -370,15 +369,14 @@ class _EventsBase(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from 
         return repr(self.__wrapped__)
 
     def _self_begin(self) -> StreamObserver | None:
-        """The stream's observer, its call started now (on the first read). Never raises."""
+        """The stream's observer, its call started at the first read; None when not
+        recorded (uninstrumented since, the stream passes through). Never raises."""
         pending, self._self_pending = self._self_pending, None
         instrumentation = self._self_instrumentation
-        if pending is None or _active is not instrumentation:
-            return self._self_observer  # uninstrumented since: the stream passes through
-        try:
-            self._self_observer = StreamObserver(pending.start(instrumentation, True), False)
-        except Exception:
-            report_internal_error("dspy.stream_start")
+        if pending is not None and _active is instrumentation:
+            call = pending.start(instrumentation, streaming=True)
+            if call is not None:
+                self._self_observer = StreamObserver(call, False)
         return self._self_observer
 
     def _self_event(self, observer: StreamObserver, event: Any) -> None:
@@ -409,11 +407,9 @@ class _SyncEvents(_EventsBase):
         return self
 
     def __next__(self) -> Any:
-        observer = self._self_observer
+        observer = self._self_observer or self._self_begin()
         if observer is None:
-            observer = self._self_begin()
-            if observer is None:
-                return next(self.__wrapped__)
+            return next(self.__wrapped__)
         token = _observing.set(observer)
         try:
             event = next(self.__wrapped__)
@@ -440,11 +436,9 @@ class _AsyncEvents(_EventsBase):
         return self
 
     async def __anext__(self) -> Any:
-        observer = self._self_observer
+        observer = self._self_observer or self._self_begin()
         if observer is None:
-            observer = self._self_begin()
-            if observer is None:
-                return await self.__wrapped__.__anext__()
+            return await self.__wrapped__.__anext__()
         token = _observing.set(observer)
         try:
             event = await self.__wrapped__.__anext__()

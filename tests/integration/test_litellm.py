@@ -34,6 +34,7 @@ import httpx2
 import litellm
 import pytest
 import pytest_asyncio
+from framework_relay import Relay
 from instrumentation_helpers import (
     ENGINES,
     MESSAGES,
@@ -50,6 +51,8 @@ from instrumentation_helpers import (
 )
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
+from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from opentelemetry.trace import SpanKind, StatusCode
 
 import spec_decode_otel
@@ -942,3 +945,103 @@ async def test_a_noted_stream_error_excuses_one_failed_call_to_its_server() -> N
     assert not took_openai_stream_error(None, "127.0.0.1:1")
     assert took_openai_stream_error(raised_from(raised_from(sdk_error)), "127.0.0.1:1")
     assert not took_openai_stream_error(sdk_error, "127.0.0.1:1")  # taken
+
+
+# -- beside openai-v2, GenAI metrics opted in ---------------------------------------------
+
+#: Samplers for the GenAI-metrics cases beside openai-v2: one that keeps every trace, one
+#: that drops every trace (the GenAI client metrics do not depend on sampling).
+SAMPLERS = {"always-on": ALWAYS_ON, "always-off": ALWAYS_OFF}
+GENAI_METRICS = ("gen_ai.client.operation.duration", "gen_ai.client.token.usage")
+#: The scope of openai-v2 2.4b0's metrics (it records through opentelemetry-util-genai
+#: 1.1b0's handler).
+OPENAI_V2_SCOPE = "opentelemetry.util.genai.handler"
+
+
+class AzureRelay(Relay):
+    """The relay, taking Azure OpenAI's chat path
+    (``/openai/deployments/{model}/chat/completions?api-version=...``) to the simulator's."""
+
+    def upstream_url(self, path: str) -> str:
+        assert "/openai/deployments/" in path and "/chat/completions?" in path, path
+        return f"{self.upstream}/chat/completions"
+
+
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+@pytest.mark.parametrize(
+    "provider, stream",
+    [
+        ("openai", False),
+        ("openai", True),
+        ("hosted_vllm", False),
+        ("hosted_vllm", True),
+        ("azure", False),
+    ],
+    ids=["openai-json", "openai-sse", "hosted_vllm-json", "hosted_vllm-sse", "azure-json"],
+)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_opted_in_genai_metrics_beside_openai_v2_count_each_litellm_call_once(
+    mode: str, provider: str, stream: bool, sampler: str, simulator_url: str
+) -> None:
+    """With ``genai_metrics`` on beside openai-v2 (opentelemetry-instrumentation-openai-v2
+    2.4b0, which wraps the openai SDK's chat ``create``), each LiteLLM chat call's GenAI
+    client metrics are counted once, whether the sampler keeps its trace or drops it.
+
+    LiteLLM 1.110.2 sends an ``openai/`` (``custom_openai/``, ...) chat call with
+    ``OpenAI.post("/chat/completions", ...)`` (``make_sync_openai_chat_completion_request``
+    and its async twin, litellm/llms/openai/openai.py), not ``chat.completions.create``:
+    openai-v2 never sees it, so the call's metrics are ours (the openai wrapper's), as
+    for ``hosted_vllm/``, which LiteLLM's own HTTP handler sends (the callback's). Its
+    ``azure/`` route does call ``chat.completions.with_raw_response.create``
+    (litellm/llms/azure/azure.py): openai-v2 records that call, and the openai wrapper,
+    finding openai-v2's wrapper on the stack, records none (sampled or not). Azure streams
+    are left out: openai-v2 2.4b0 wraps a raw stream's parsed ``Stream``, whose missing
+    ``headers`` LiteLLM's Azure handler then raises on, whoever else is installed."""
+    otel = Otel(sampler=SAMPLERS[sampler])
+    theirs = OpenAIInstrumentor()
+    theirs.instrument(tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    # A relay per call for Azure: LiteLLM caches its Azure client per endpoint, and the
+    # client's ``with_raw_response`` keeps the ``create`` (openai-v2's wrapper, with its
+    # providers) it first found.
+    relay = AzureRelay(simulator_url) if provider == "azure" else None
+    try:
+        otel.instrument(genai_metrics=True)
+        sdk_kwargs = request_kwargs("vllm", "chat", stream, seed_for("v2", provider, mode))
+        kwargs = litellm_kwargs(provider, sdk_kwargs, simulator_url)
+        if relay is not None:
+            kwargs |= {"api_base": relay.url, "api_version": "2024-10-21"}
+        assert await call("chat", mode, kwargs)
+
+        # LiteLLM's own handler rebuilds a stream's chunks without the stats
+        outcome = "no_stats" if provider == "hosted_vllm" and stream else "recorded"
+        deadline = time.monotonic() + SETTLE
+        while not otel.requests_by_outcome() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)  # nothing more may come: a second record would show now
+        assert otel.requests_by_outcome() == {outcome: 1}
+        # openai-v2's span and metrics share one scope; its span carries our attributes
+        recorder = OPENAI_V2_SCOPE if provider == "azure" else SCOPE_NAME
+        if sampler == "always-on":
+            (span,) = otel.spans()
+            assert span.instrumentation_scope.name == recorder
+            assert span.attributes["spec_decode.outcome"] == outcome
+        else:
+            assert otel.spans() == []
+        metrics = otel.metrics()
+        counts = {
+            name: {
+                scope: sum(p.count for p in metric.data.data_points)
+                for scope, metric in metrics
+                if metric.name == name
+            }
+            for name in GENAI_METRICS
+        }
+        assert counts == {
+            "gen_ai.client.operation.duration": {recorder: 1},
+            "gen_ai.client.token.usage": {recorder: 2},
+        }
+    finally:
+        theirs.uninstrument()
+        otel.close()
+        if relay is not None:
+            relay.close()

@@ -35,10 +35,9 @@ from spec_decode_otel.instrumentation import SpecDecodeInstrumentor, caller_stac
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
+    from opentelemetry.sdk.metrics.export import MetricReader
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-    from opentelemetry.sdk.trace.export import SpanExporter
 
 _MISSING_EXTRA = (
     "spec_decode_otel.setup() needs the OpenTelemetry SDK and OTLP exporters: "
@@ -166,17 +165,28 @@ _ENTRY_POINTS = {
 }
 
 
-def _named_exporter(signal: str, name: str) -> Any:
+def _exporter_class(signal: str, name: str) -> Any:
     """The class the ``name`` entry point of ``signal``'s group loads; ``ValueError``
-    naming the variable when no installed package provides it."""
+    naming the variable when no installed package provides it.
+
+    ``otlp`` is the OTLP package's entry point for the protocol, ``otlp_proto_grpc`` or
+    ``otlp_proto_http``, as the SDK's auto-configuration resolves it
+    (``_get_exporter_entry_point``, opentelemetry-sdk 1.31 to 1.45). Loading imports the
+    exporter on use (gRPC is heavy); built without arguments, each reads every other
+    ``OTEL_EXPORTER_OTLP_*`` variable (endpoint, headers, timeout, certificate) itself.
+    """
     from importlib.metadata import entry_points
 
+    wanted = name
+    if name == "otlp":
+        wanted = "otlp_proto_grpc" if _grpc(signal) else "otlp_proto_http"
     found = list(entry_points(group=_ENTRY_POINTS[signal]))
     for entry_point in found:
-        if entry_point.name == name:
+        if entry_point.name == wanted:
             return entry_point.load()
+    named = repr(name) if wanted == name else f"{name!r} ({wanted})"
     raise ValueError(
-        f"OTEL_{signal}_EXPORTER names {name!r}, which no installed package provides "
+        f"OTEL_{signal}_EXPORTER names {named}, which no installed package provides "
         f"(known: {', '.join(sorted({e.name for e in found}))})"
     )
 
@@ -185,9 +195,7 @@ def _span_processor(name: str) -> SpanProcessor:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.export import SpanExporter as SdkSpanExporter
 
-    if name == "otlp":
-        return BatchSpanProcessor(_span_exporter())
-    exporter = _named_exporter("TRACES", name)
+    exporter = _exporter_class("TRACES", name)
     if not (isinstance(exporter, type) and issubclass(exporter, SdkSpanExporter)):
         raise ValueError(f"OTEL_TRACES_EXPORTER names {name!r}, which is not a span exporter")
     return BatchSpanProcessor(exporter())
@@ -198,9 +206,7 @@ def _metric_reader(name: str) -> MetricReader:
     from opentelemetry.sdk.metrics.export import MetricReader as SdkMetricReader
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-    if name == "otlp":
-        return PeriodicExportingMetricReader(_metric_exporter())
-    exporter = _named_exporter("METRICS", name)
+    exporter = _exporter_class("METRICS", name)
     if isinstance(exporter, type) and issubclass(exporter, SdkMetricReader):
         return exporter()  # a pull exporter (Prometheus's) is a reader itself
     if isinstance(exporter, type) and issubclass(exporter, SdkMetricExporter):
@@ -245,32 +251,6 @@ def _grpc(signal: str) -> bool:
             f"({', '.join(_PROTOCOLS)})"
         )
     return protocol == "grpc"
-
-
-# The exporters are imported on use (gRPC is heavy) and read every other
-# OTEL_EXPORTER_OTLP_* variable (endpoint, headers, timeout, certificate) themselves.
-def _span_exporter() -> SpanExporter:
-    if _grpc("TRACES"):
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter()
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-        OTLPSpanExporter as HttpSpanExporter,
-    )
-
-    return HttpSpanExporter()
-
-
-def _metric_exporter() -> MetricExporter:
-    if _grpc("METRICS"):
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-
-        return OTLPMetricExporter()
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-        OTLPMetricExporter as HttpMetricExporter,
-    )
-
-    return HttpMetricExporter()
 
 
 def _flush_at_child_exit(built: Providers) -> None:

@@ -10,36 +10,35 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from pydantic import ValidationError
 
 from spec_decode_otel.simulator.acceptance import parse_floats, parse_ints
 from spec_decode_otel.simulator.config import ENGINES, LEVELS, SimulatorConfig
 
+T = TypeVar("T")
+
+
+def _argument_type(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """``parse`` as an argparse type whose ValueError message reaches the user (argparse
+    shows a plain ValueError as ``invalid <type> value``)."""
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    return convert
+
 
 def _model_alpha(text: str) -> tuple[str, tuple[float, ...]]:
     name, sep, value = text.rpartition("=")
     if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected NAME=ALPHA[,ALPHA...], got {text!r}")
-    try:
-        return name, parse_floats(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return parse_floats(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return parse_ints(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+        raise ValueError(f"expected NAME=ALPHA[,ALPHA...], got {text!r}")
+    return name, parse_floats(value)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--alpha-vector",
-        type=_floats,
+        type=_argument_type(parse_floats),
         default=None,
         metavar="A0,A1,...",
         help="conditional acceptance per draft position (overrides --alpha)",
@@ -64,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         dest="model_alphas",
-        type=_model_alpha,
+        type=_argument_type(_model_alpha),
         action="append",
         default=[],
         metavar="NAME=ALPHA[,ALPHA...]",
@@ -72,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--draft-schedule",
-        type=_ints,
+        type=_argument_type(parse_ints),
         default=None,
         metavar="D1,D2,...",
         help="draft length per verify step, cycled (overrides --k)",
@@ -99,22 +98,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
-    return SimulatorConfig(
-        engine=args.engine,
-        level=args.level,
-        k=args.k,
-        alpha=args.alpha,
-        alpha_vector=args.alpha_vector,
-        model_alphas=dict(args.model_alphas),
-        draft_schedule=args.draft_schedule,
-        seed=args.seed,
-        force_include_usage=args.force_include_usage,
-        vllm_timing_metrics=args.vllm_timing_metrics,
-        served_model=args.served_model,
-        min_length=args.min_length,
-        max_length=args.max_length,
-        step_delay_ms=args.step_delay_ms,
-    )
+    """Every ``SimulatorConfig`` field from the flag of the same name."""
+    fields = {name: getattr(args, name) for name in SimulatorConfig.model_fields}
+    fields["model_alphas"] = dict(args.model_alphas)  # --model gives (name, alphas) pairs
+    return SimulatorConfig(**fields)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -93,20 +93,20 @@ class ServerMetrics:
             (ACCEPTED_TOKENS, self.accepted_tokens),
         ):
             lines += self._family(name)
-            lines.append(f"{self.prefix}:{name}{self._braces(self._labels)} {value}")
+            lines.append(self._sample(name, value))
         lines += self._family(ACCEPTED_PER_POS)
         for position, value in enumerate(self.accepted_per_position):
-            labels = ",".join(x for x in (self._labels, f'position="{position}"') if x)
-            lines.append(f"{self.prefix}:{ACCEPTED_PER_POS}{{{labels}}} {value}")
+            lines.append(self._sample(ACCEPTED_PER_POS, value, f'position="{position}"'))
         return "\n".join(lines) + "\n"
 
     def _family(self, name: str) -> list[str]:
         full = f"{self.prefix}:{name}"
         return [f"# HELP {full} {_HELP[name]}", f"# TYPE {full} counter"]
 
-    @staticmethod
-    def _braces(labels: str) -> str:
-        return f"{{{labels}}}" if labels else ""
+    def _sample(self, name: str, value: int, label: str = "") -> str:
+        labels = ",".join(x for x in (self._labels, label) if x)
+        braces = f"{{{labels}}}" if labels else ""
+        return f"{self.prefix}:{name}{braces} {value}"
 
 
 def _escape(value: str) -> str:

@@ -268,28 +268,25 @@ def _refused(what: str, exc: Exception, fallback: str = "") -> None:
     )
 
 
-def _or_warn(signal: str, name: str, build: Callable[[str], _T]) -> _T | None:
-    """``build(name)``, or None with a RuntimeWarning when the SDK refuses a value its
-    variables gave it (``OTEL_METRIC_EXPORT_INTERVAL=0``, ``OTEL_EXPORTER_OTLP_TIMEOUT=abc``,
-    ``OTEL_EXPORTER_OTLP_PROTOCOL=grcp``, ``OTEL_EXPORTER_OTLP_COMPRESSION=zstd`` over
-    gRPC) or the exporter ``name`` cannot be had: as under ``opentelemetry-instrument``,
-    the application runs on, without that exporter."""
-    try:
-        return build(name)
-    except Exception as exc:  # whatever an exporter raises, the application starts
-        what = signal if name == "otlp" else f"{signal} (exporter {name!r})"
-        _refused(f"{what} are not exported", exc)
-        return None
-
-
 def _exporters(signal: str, kind: str, build: Callable[[str], _T]) -> list[tuple[_T, str]]:
     """Each exporter ``OTEL_<SIGNAL>_EXPORTER`` names (:func:`_exporter_names`) that could
-    be built, with where it sends ``kind`` (``spans``, ``metrics``), in words."""
+    be built, with where it sends ``kind`` (``spans``, ``metrics``), in words.
+
+    One the SDK refuses to build from its variables (``OTEL_METRIC_EXPORT_INTERVAL=0``,
+    ``OTEL_EXPORTER_OTLP_TIMEOUT=abc``, ``OTEL_EXPORTER_OTLP_PROTOCOL=grcp``,
+    ``OTEL_EXPORTER_OTLP_COMPRESSION=zstd`` over gRPC), or a name nothing provides, is
+    left out with a RuntimeWarning: as under ``opentelemetry-instrument``, the
+    application runs on, without that exporter.
+    """
     built = []
     for name in _exporter_names(signal):
-        exporter = _or_warn(kind, name, build)
-        if exporter is not None:
-            built.append((exporter, _destination(signal, name)))
+        try:
+            exporter = build(name)
+        except Exception as exc:  # whatever an exporter raises, the application starts
+            what = kind if name == "otlp" else f"{kind} (exporter {name!r})"
+            _refused(f"{what} are not exported", exc)
+            continue
+        built.append((exporter, _destination(signal, name)))
     return built
 
 

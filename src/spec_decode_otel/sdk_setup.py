@@ -146,6 +146,11 @@ def _exporter_names(signal: str) -> list[str]:
     provides; ``none`` is none (as a deployment whose endpoint takes traces only, such as
     Jaeger's, says it). Unset, the signal goes over OTLP when an endpoint is set for it,
     and nowhere otherwise. Nothing is exported under ``OTEL_SDK_DISABLED=true``.
+
+    Not the SDK's own ``_get_exporter_names`` (private, ``opentelemetry.sdk._configuration``,
+    alike in 1.31 and 1.45): unset, it names no exporter; it takes ``none`` only alone and
+    does not lower-case; it resolves ``otlp`` for the whole list, so a refused protocol
+    would fail ``console`` beside it.
     """
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return []
@@ -174,6 +179,8 @@ def _exporter_class(signal: str, name: str) -> Any:
     (``_get_exporter_entry_point``, opentelemetry-sdk 1.31 to 1.45). Loading imports the
     exporter on use (gRPC is heavy); built without arguments, each reads every other
     ``OTEL_EXPORTER_OTLP_*`` variable (endpoint, headers, timeout, certificate) itself.
+    Not the SDK's private ``_import_exporters``: its error names the entry-point group,
+    not the variable the user set.
     """
     from importlib.metadata import entry_points
 

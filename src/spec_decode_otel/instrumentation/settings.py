@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 Mode = Literal["auto", "span", "enrich"]
-_MODES = ("auto", "span", "enrich")
+_MODES: tuple[str, ...] = get_args(Mode)
 
 ENV_PREFIX = "SPEC_DECODE_OTEL_"
 

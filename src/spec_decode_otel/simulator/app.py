@@ -37,7 +37,7 @@ from starlette.responses import Response, StreamingResponse
 from spec_decode_otel.simulator import faults as F
 from spec_decode_otel.simulator.acceptance import parse_ints
 from spec_decode_otel.simulator.config import ENGINES, LEVELS, SimulatorConfig
-from spec_decode_otel.simulator.gateways import GATEWAYS
+from spec_decode_otel.simulator.gateways import GATEWAYS, Gateway
 from spec_decode_otel.simulator.plan import choice_rng, count_prompt_tokens, plan_choice
 from spec_decode_otel.simulator.protocol import (
     SGLANG_STREAM_META_INFO,
@@ -91,7 +91,7 @@ def wants_meta_info(engine: str, req: OpenAIRequest) -> bool:
     is left as it was: its answer to a stream with ``return_meta_info`` is not verified."""
     if not req.return_meta_info:
         return False
-    if engine not in ("sglang", "sglang-no-histogram"):
+    if engine not in SGLANG_RELEASE:
         return True
     if req.KIND == "chat" and req.stream:
         raise SimulatorError.sglang_bad_request(SGLANG_STREAM_META_INFO)
@@ -216,16 +216,17 @@ async def _sse(
         yield last.encode()
 
 
-def sse_response(plan: RequestPlan, delay: float, gateway: str = "") -> StreamingResponse:
+def sse_response(plan: RequestPlan, delay: float, gateway: Gateway | None) -> StreamingResponse:
     """Chat and completions: ``data:`` lines, then ``[DONE]``; the Responses API: an
     ``event:`` line before each ``data:`` line, and no ``[DONE]``."""
     if plan.kind == "responses":
         events = (f"event: {e['type']}\ndata: {dumps(e)}\n\n" for e in plan.responses_events())
         body = _sse(events, plan.faults, delay)
     else:
-        engine = plan.chunks()
-        sent = GATEWAYS[gateway][1](engine, plan.kind, plan.include_usage) if gateway else engine
-        frames = (f"data: {dumps(c)}\n\n" for c in sent)
+        chunks = plan.chunks()
+        if gateway is not None:
+            chunks = gateway.chunks(chunks, plan.kind, plan.include_usage)
+        frames = (f"data: {dumps(c)}\n\n" for c in chunks)
         body = _sse(frames, plan.faults, delay, last="data: [DONE]\n\n")
     return StreamingResponse(
         body, media_type="text/event-stream", headers={"cache-control": "no-cache"}
@@ -250,11 +251,9 @@ def create_app(config: SimulatorConfig | None = None) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        msg = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
-        return json_response(
-            error_body(msg, "invalid_request_error", None, ".".join(loc) or None), 400
-        )
+        param = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
+        msg = f"{param or 'body'}: {first.get('msg', 'invalid request')}"
+        return json_response(error_body(msg, "invalid_request_error", None, param), 400)
 
     @app.exception_handler(SimulatorError)
     async def _refused(request: Request, exc: SimulatorError) -> Response:
@@ -295,9 +294,10 @@ def create_app(config: SimulatorConfig | None = None) -> FastAPI:
                 error_body("Internal server error (simulated)", "server_error", "internal_error"),
                 500,
             )
-        gateway = _header(request, HEADER_GATEWAY)
-        if gateway and gateway not in GATEWAYS:
-            raise SimulatorError.invalid(f"unknown {HEADER_GATEWAY}: {gateway!r}")
+        gateway_name = _header(request, HEADER_GATEWAY)
+        gateway = GATEWAYS.get(gateway_name)
+        if gateway_name and gateway is None:
+            raise SimulatorError.invalid(f"unknown {HEADER_GATEWAY}: {gateway_name!r}")
         plan = sim.plan(req, request, faults)
         server_metrics.count(c.generation for c in plan.choices)
         delay = _delay_seconds(request, faults, config)
@@ -307,8 +307,8 @@ def create_app(config: SimulatorConfig | None = None) -> FastAPI:
             answer = plan.responses_body()
         else:
             answer = plan.response()
-            if gateway:
-                answer = GATEWAYS[gateway][0](answer, plan.kind)
+            if gateway is not None:
+                answer = gateway.body(answer, plan.kind)
         body = dumps(answer).encode()
         if delay:
             await asyncio.sleep(delay)

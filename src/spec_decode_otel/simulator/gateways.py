@@ -54,6 +54,7 @@ renames to its own model name, and key order are left as the engine's.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
 
 from spec_decode_otel.simulator.protocol import JSON
 
@@ -116,12 +117,12 @@ def litellm_proxy_body(body: JSON, kind: str) -> JSON:
             return body
         usage = {"completion_tokens_details": None, "prompt_tokens_details": None, **usage}
         usage.pop("reasoning_tokens", None)
-        details = usage["completion_tokens_details"]
-        if isinstance(details, dict):
-            usage["completion_tokens_details"] = {**_COMPLETION_TOKENS_DETAILS, **details}
-        prompt_details = usage["prompt_tokens_details"]
-        if isinstance(prompt_details, dict):
-            usage["prompt_tokens_details"] = {**_PROMPT_TOKENS_DETAILS, **prompt_details}
+        for key, fields in (
+            ("completion_tokens_details", _COMPLETION_TOKENS_DETAILS),
+            ("prompt_tokens_details", _PROMPT_TOKENS_DETAILS),
+        ):
+            if isinstance(usage[key], dict):
+                usage[key] = {**fields, **usage[key]}
         return {**body, "usage": usage}
     choices = []
     for choice in body.get("choices") or ():
@@ -155,9 +156,7 @@ def _body_message(message: object) -> object:
     return out
 
 
-def litellm_proxy_chunks(
-    chunks: Iterable[JSON], kind: str, include_usage: bool = False
-) -> Iterator[JSON]:
+def litellm_proxy_chunks(chunks: Iterable[JSON], kind: str, include_usage: bool) -> Iterator[JSON]:
     """A chat or text completion stream as LiteLLM's proxy rebuilds it (one sequence:
     the real proxy sends several sequences' finish chunks in an order of its own).
 
@@ -282,8 +281,11 @@ def _stream_usage(usage: JSON) -> JSON:
     return {**kept, "completion_tokens_details": details}
 
 
-#: name -> (non-streamed body, stream) transforms, each given the request kind.
-GATEWAYS: dict[
-    str,
-    tuple[Callable[[JSON, str], JSON], Callable[[Iterable[JSON], str, bool], Iterator[JSON]]],
-] = {LITELLM_PROXY: (litellm_proxy_body, litellm_proxy_chunks)}
+class Gateway(NamedTuple):
+    """How a gateway rewrites a non-streamed body and a stream, given the request kind."""
+
+    body: Callable[[JSON, str], JSON]
+    chunks: Callable[[Iterable[JSON], str, bool], Iterator[JSON]]
+
+
+GATEWAYS = {LITELLM_PROXY: Gateway(litellm_proxy_body, litellm_proxy_chunks)}

@@ -124,12 +124,14 @@ class Providers:
             worker.join(max(0.0, deadline - time.monotonic()))
 
 
-def _otlp_variable(signal: str, name: str) -> str:
-    """``OTEL_EXPORTER_OTLP_<SIGNAL>_<NAME>``, else ``OTEL_EXPORTER_OTLP_<NAME>``: the
-    precedence the OTLP exporters themselves apply ("" when neither is set)."""
-    return os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_{name}") or os.environ.get(
-        f"OTEL_EXPORTER_OTLP_{name}", ""
-    )
+def _otlp_variable(signal: str, name: str) -> tuple[str, str]:
+    """``OTEL_EXPORTER_OTLP_<SIGNAL>_<NAME>`` if set and not empty, else
+    ``OTEL_EXPORTER_OTLP_<NAME>``: the precedence the OTLP exporters themselves apply. The
+    variable's name and value ("" when unset)."""
+    variable = f"OTEL_EXPORTER_OTLP_{signal}_{name}"
+    if not os.environ.get(variable):
+        variable = f"OTEL_EXPORTER_OTLP_{name}"
+    return variable, os.environ.get(variable, "")
 
 
 #: The OTLP transports the Python exporters implement: the SDK's auto-configuration
@@ -156,7 +158,7 @@ def _exporter_names(signal: str) -> list[str]:
         return []
     listed = os.environ.get(f"OTEL_{signal}_EXPORTER", "").strip().lower()
     if not listed:
-        return ["otlp"] if _otlp_variable(signal, "ENDPOINT") else []
+        return ["otlp"] if _otlp_variable(signal, "ENDPOINT")[1] else []
     names = (name.strip() for name in listed.split(","))
     return [name for name in dict.fromkeys(names) if name and name != "none"]
 
@@ -231,7 +233,7 @@ def _destination(signal: str, name: str) -> str:
     """Where the exporter ``name`` sends ``signal`` (``TRACES``, ``METRICS``), in words."""
     if name == "otlp":
         grpc = _grpc(signal)
-        endpoint = _otlp_variable(signal, "ENDPOINT").strip()
+        endpoint = _otlp_variable(signal, "ENDPOINT")[1].strip()
         if not endpoint:
             endpoint = f"{_DEFAULT_ENDPOINTS[grpc]} (the default endpoint)"
         return f"over OTLP/{'gRPC' if grpc else 'HTTP'} to {endpoint}"
@@ -247,10 +249,7 @@ def _grpc(signal: str) -> bool:
     auto-configuration refuses it ("Unsupported OTLP protocol"): a typo (``grcp``) or
     ``http/json`` would otherwise export over a transport nobody asked for.
     """
-    name = f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL"
-    if not os.environ.get(name):
-        name = "OTEL_EXPORTER_OTLP_PROTOCOL"
-    value = os.environ.get(name, "")
+    name, value = _otlp_variable(signal, "PROTOCOL")
     protocol = value.strip() if value else "grpc"  # as the SDK: set but blank is refused
     if protocol not in _PROTOCOLS:
         raise ValueError(

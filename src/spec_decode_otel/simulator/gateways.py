@@ -1,51 +1,11 @@
 """Gateways the simulator can answer through (request header ``x-sim-gateway``).
 
 ``litellm-proxy``: what the LiteLLM 1.110.2 proxy (``litellm --config``, routes
-``hosted_vllm/`` and ``openai/`` alike) sends its client in front of the engine,
-as observed from the real proxy in front of this simulator
-(tests/integration/test_litellm_proxy.py pins the two against each other):
-
-- a chat body: each choice's non-standard fields move into
-  ``choices[i].provider_specific_fields`` (always present, ``{}`` when nothing moved;
-  a null field moves as null), vLLM's ``stop_reason`` and ``token_ids`` staying on the
-  choice as well; the message keeps ``role``, ``content`` and a sent ``refusal``, drops
-  its other null OpenAI fields (vLLM's ``audio`` and ``function_call``, SGLang's
-  ``reasoning_content``) and moves any other field (vLLM's ``reasoning``) into its own
-  ``provider_specific_fields``; root fields (``metrics``, ``sglext``, ``timings``)
-  stay, except a null one, which is dropped (vLLM's ``service_tier``, its null
-  ``prompt_*`` and ``*_transfer_params``, its ``"metrics": null`` for n > 1); ``usage``
-  loses its null fields and SGLang's top-level ``reasoning_tokens``;
-- a text completion body: choices and root unchanged (fields stay where the engine put
-  them, nulls included), plus ``system_fingerprint: null`` when the engine sent none
-  (SGLang); ``usage`` gains ``completion_tokens_details`` and ``prompt_tokens_details``
-  as null when the engine sent none and loses SGLang's ``reasoning_tokens``, and
-  engine-sent details (the smg pair; llama.cpp's ``prompt_tokens_details``) gain every
-  other field of LiteLLM's models as null;
-- a stream (chat or text completion, one sequence): every chunk is rebuilt. Root fields
-  other than ``usage`` are dropped (vLLM's ``metrics`` and null fields, llama.cpp's and
-  mlx-vlm's ``timings``) but a chat chunk's own ``system_fingerprint`` (llama.cpp sends
-  one on every chunk; see also below); ``usage`` stays on the chunk without choices
-  only (vLLM's ``continuous_usage_stats`` go; llama.cpp's completions finish chunk's
-  comes back as a chunk of its own at the end, with ``include_usage`` only); a
-  chunk left with neither choices nor usage is not sent (SGLang's ``sglext`` chunk; the
-  real proxy sends it as an empty ``{"choices": []}`` on a chat stream that asked for
-  usage: nothing an adapter reads, so not imitated),
-  ``finish_reason`` and ``logprobs`` are sent only when not null, a delta's null fields
-  go (SGLang's ``reasoning_content``, mlx-vlm's ``tool_calls``, ``name``, ...) and
-  its ``role`` is kept on a sequence's first chunk only, and a choice keeps its non-null
-  non-standard fields only on a chat chunk before the finish chunk (TensorRT-LLM's
-  running ``avg_decoded_tokens_per_iter``; SGLang's null ``matched_stop`` goes), and
-  vLLM's ``token_ids`` there even null: the finish chunk's stats are dropped, and it
-  keeps only vLLM's ``stop_reason``, with no text. A chunk carrying both text and the
-  finish reason (vLLM's last one, SGLang's last completions one) comes as two: the text
-  (with ``stop_reason``), then the finish; on a chat stream that finish carries the
-  stream's ``system_fingerprint`` (the proxy sends it once the stream has ended), as
-  does the usage chunk. The usage chunk loses ``prompt_tokens_details``
-  when null and SGLang's ``reasoning_tokens``, keeps the engine's
-  ``completion_tokens_details`` (the smg pair) adding ``reasoning_tokens`` there;
-  without them it gets ``reasoning_tokens`` and ``text_tokens``. (With several
-  sequences the real proxy sends one role chunk and one finish chunk, in an order of
-  its own: not imitated.)
+``hosted_vllm/`` and ``openai/`` alike) sends its client in front of the engine, for chat
+and text completions, as observed from the real proxy in front of this simulator
+(tests/integration/test_litellm_proxy.py pins the two against each other). A body keeps
+the engine's stats where LiteLLM's models put them; a stream is rebuilt chunk by chunk
+and loses them.
 
 Only what an adapter could read is imitated: ids, ``created``, the ``model`` the proxy
 renames to its own model name, and key order are left as the engine's.
@@ -68,12 +28,9 @@ _STANDARD_ROOT_FIELDS = frozenset(
     {"id", "object", "created", "model", "choices", "usage", "system_fingerprint"}
 )
 _CHUNK_ROOT_FIELDS = ("id", "object", "created", "model")
-#: A choice field LiteLLM knows beside OpenAI's (vLLM's matched stop string): it stays
-#: on a chat body's choice (and is copied into ``provider_specific_fields`` too) and on
-#: a stream's finish chunk.
+#: vLLM's choice fields LiteLLM knows beside OpenAI's (the matched stop string, the
+#: token ids): where other non-standard fields move or go, these stay.
 _STOP_REASON = "stop_reason"
-#: The other one (vLLM's ``token_ids``): it stays on a chat body's choice and on a chat
-#: stream's chunks before the finish, null or not.
 _TOKEN_IDS = "token_ids"
 #: The message fields of LiteLLM's ``Message``: ``role``, ``content`` and a sent
 #: ``refusal`` stay, null or not; the others only when not null. Any other field
@@ -82,8 +39,7 @@ _MESSAGE_FIELDS = frozenset(
     {"tool_calls", "function_call", "audio", "reasoning_content", "annotations"}
 )
 _MESSAGE_KEPT_FIELDS = frozenset({"role", "content", "refusal"})
-#: Every field of LiteLLM's ``PromptTokensDetails``, null unless the engine sent it (a
-#: text completion body's engine-sent details, llama.cpp's ``cached_tokens``).
+#: Every field of LiteLLM's ``PromptTokensDetails``, null unless the engine sent it.
 _PROMPT_TOKENS_DETAILS = dict.fromkeys(
     (
         "audio_tokens",
@@ -109,7 +65,20 @@ _COMPLETION_TOKENS_DETAILS = dict.fromkeys(
 
 
 def litellm_proxy_body(body: JSON, kind: str) -> JSON:
-    """A non-streamed chat or text completion body as LiteLLM's proxy returns it."""
+    """A non-streamed chat or text completion body as LiteLLM's proxy returns it.
+
+    A text completion keeps its choices and root as the engine sent them, nulls included,
+    plus ``system_fingerprint: null`` when the engine sent none (SGLang). Its ``usage``
+    loses SGLang's top-level ``reasoning_tokens`` and gets both token details, null when
+    the engine sent none; engine-sent details (the smg pair; llama.cpp's
+    ``cached_tokens``) gain every other field of LiteLLM's models as null.
+
+    A chat choice's non-standard fields move into its ``provider_specific_fields``
+    (always there, ``{}`` when nothing moved; a null field moves as null), vLLM's two
+    staying on the choice as well. Root fields (``metrics``, ``sglext``, ``timings``)
+    stay, but a null one goes (vLLM's ``service_tier``, its null ``prompt_*`` and
+    ``*_transfer_params``, its ``"metrics": null`` for n > 1); ``usage`` loses its null
+    fields and SGLang's top-level ``reasoning_tokens``."""
     usage = body.get("usage")
     if kind != "chat":
         body = {"system_fingerprint": None, **body}
@@ -142,7 +111,9 @@ def litellm_proxy_body(body: JSON, kind: str) -> JSON:
 
 
 def _body_message(message: object) -> object:
-    """A chat body's message as LiteLLM's ``Message`` rebuilds it."""
+    """A chat body's message as LiteLLM's ``Message`` rebuilds it (vLLM's null ``audio``
+    and ``function_call`` and SGLang's null ``reasoning_content`` go; vLLM's
+    ``reasoning`` moves)."""
     if not isinstance(message, dict):
         return message
     out = {
@@ -158,12 +129,17 @@ def _body_message(message: object) -> object:
 
 def litellm_proxy_chunks(chunks: Iterable[JSON], kind: str, include_usage: bool) -> Iterator[JSON]:
     """A chat or text completion stream as LiteLLM's proxy rebuilds it (one sequence:
-    the real proxy sends several sequences' finish chunks in an order of its own).
+    the real proxy sends several sequences' role and finish chunks in an order of its
+    own).
 
-    ``usage`` on a chunk with choices (llama.cpp's completions finish chunk) leaves that
-    chunk; when the request asked for usage and the engine sent no chunk without
-    choices to carry it, the proxy ends the stream with one of its own holding the last
-    such usage (without ``include_usage`` it sends none)."""
+    Root fields other than ``usage`` go (vLLM's ``metrics`` and null fields, llama.cpp's
+    and mlx-vlm's ``timings``), but a chat chunk's own ``system_fingerprint``. ``usage``
+    stays on a chunk without choices only (vLLM's ``continuous_usage_stats`` go); when
+    the request asked for usage and no such chunk came (llama.cpp's completions finish
+    chunk carries it), the proxy ends the stream with one of its own holding the last
+    usage seen. A chunk left with neither choices nor usage is not sent (SGLang's
+    ``sglext`` chunk; the real proxy sends it as an empty ``{"choices": []}`` on a chat
+    stream that asked for usage: nothing an adapter reads, so not imitated)."""
     chunks = list(chunks)
     fingerprint = next(
         (c["system_fingerprint"] for c in chunks if c.get("system_fingerprint")), None
@@ -176,7 +152,8 @@ def litellm_proxy_chunks(chunks: Iterable[JSON], kind: str, include_usage: bool)
             last_usage = chunk["usage"]
         raw_choices = chunk.get("choices") or ()
         if any(_text(c, kind) and c.get("finish_reason") for c in raw_choices):
-            # the text and the finish come as two chunks
+            # vLLM's last chunk, SGLang's last completions one: the text and the finish
+            # come as two chunks
             text = [_stream_choice({**c, "finish_reason": None}, kind, True) for c in raw_choices]
             yield _chunk(chunk, _role_once(text, roles))
             finish = [_stream_choice(_without_text(c), kind, True) for c in raw_choices]
@@ -235,7 +212,13 @@ def _without_text(choice: JSON) -> JSON:
 
 def _stream_choice(choice: JSON, kind: str, finished: bool) -> JSON:
     """One choice of a rebuilt chunk; ``finished``: of the engine's finish chunk (its text
-    part too, which keeps ``stop_reason``)."""
+    part too, which keeps ``stop_reason``).
+
+    ``finish_reason`` and ``logprobs`` are sent only when not null. A chat chunk before
+    the finish keeps the choice's non-null non-standard fields (TensorRT-LLM's running
+    ``avg_decoded_tokens_per_iter``; SGLang's null ``matched_stop`` goes) and vLLM's
+    ``token_ids`` even null; the finish chunk loses the stats but vLLM's ``stop_reason``,
+    and has no text."""
     out: JSON = {"index": choice.get("index", 0)}
     finish = choice.get("finish_reason")
     if kind == "chat":
@@ -268,6 +251,10 @@ def _stream_choice(choice: JSON, kind: str, finished: bool) -> JSON:
 
 
 def _stream_usage(usage: JSON) -> JSON:
+    """The usage chunk's: a null ``prompt_tokens_details`` and SGLang's top-level
+    ``reasoning_tokens`` go; the engine's ``completion_tokens_details`` (the smg pair)
+    stay, with ``reasoning_tokens`` added; without them the proxy sends
+    ``reasoning_tokens`` and ``text_tokens``."""
     details = usage.get("completion_tokens_details")
     if isinstance(details, dict) and details:
         details = {"reasoning_tokens": 0, **details}

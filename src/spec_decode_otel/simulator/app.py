@@ -15,9 +15,7 @@ Per-request headers:
 - ``x-sim-seed``: makes the request's sample depend on this seed alone
 - ``x-sim-fault``: see ``faults.py``; ``x-sim-delay-ms`` for ``slow`` (default 50)
 - ``x-sim-gateway``: ``litellm-proxy`` answers as LiteLLM's proxy does in front of the
-  engine (``gateways.py``): a chat body's choice fields move into
-  ``provider_specific_fields``, streams are rebuilt without the engine's stats; chat
-  and text completions only
+  engine (``gateways.py``); chat and text completions only
 """
 
 from __future__ import annotations
@@ -86,9 +84,11 @@ def request_id(engine: str, kind: str) -> str:
 
 
 def wants_meta_info(engine: str, req: OpenAIRequest) -> bool:
-    """Whether the choices carry ``meta_info``; SGLang 0.5.23 refuses it on a streamed chat
-    request and drops it on completions (``protocol.SGLANG_STREAM_META_INFO``). TokenSpeed
-    is left as it was: its answer to a stream with ``return_meta_info`` is not verified."""
+    """Whether the choices carry ``meta_info``. SGLang 0.5.23 has it in non-streamed chat
+    answers only: it refuses a streamed chat request that asks for it, and its
+    ``CompletionRequest`` (``protocol.py``) has no such field, so completions drop it,
+    streamed or not. TokenSpeed is left as it was: its answer to a stream with
+    ``return_meta_info`` is not verified."""
     if not req.return_meta_info:
         return False
     if engine not in SGLANG_RELEASE:

@@ -139,10 +139,8 @@ class SimulatorError(Exception):
         )
 
 
-#: SGLang 0.5.23 refuses a streamed chat request that asks for ``return_meta_info``
-#: (``OpenAIServingChat._convert_to_internal_request`` in ``serving_chat.py``): per-choice
-#: ``meta_info`` exists in non-streamed chat answers only. Its ``CompletionRequest``
-#: (``protocol.py``) has no such field, so completions drop it, streamed or not.
+#: SGLang 0.5.23's refusal of a streamed chat request that asks for ``return_meta_info``
+#: (``OpenAIServingChat._convert_to_internal_request`` in ``serving_chat.py``).
 SGLANG_STREAM_META_INFO = (
     "return_meta_info is not supported with streaming. "
     "Please set stream=false when using return_meta_info=true."

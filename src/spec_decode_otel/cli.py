@@ -25,9 +25,8 @@ _EXTRA_HINT = {
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from spec_decode_otel.check import add_arguments as add_check_arguments
-    from spec_decode_otel.demo import add_arguments as add_demo_arguments
-    from spec_decode_otel.simulator.cli import add_arguments as add_simulate_arguments
+    from spec_decode_otel import check, demo
+    from spec_decode_otel.simulator import cli as simulator_cli
 
     parser = argparse.ArgumentParser(
         prog="spec-decode-otel",
@@ -44,23 +43,22 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="the JSON request body the capture answers (needed to read usage-only counts)",
     )
+    parse.set_defaults(run=_parse)
     summarize = sub.add_parser(
         "summarize",
         help="per model and engine: acceptance figures and call outcomes of a records file",
     )
     summarize.add_argument("file", help="a records file (JSON lines), or - for standard input")
     summarize.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_simulate_arguments(
-        sub.add_parser("simulate", help="run the speculative-decoding simulator server")
-    )
-    add_demo_arguments(
-        sub.add_parser("demo", help="run an instrumented workload on the embedded simulator")
-    )
-    add_check_arguments(
-        sub.add_parser(
-            "check", help="ask a live server whether its responses carry spec-decode stats"
-        )
-    )
+    summarize.set_defaults(run=_summarize)
+    for module, name, about in (
+        (simulator_cli, "simulate", "run the speculative-decoding simulator server"),
+        (demo, "demo", "run an instrumented workload on the embedded simulator"),
+        (check, "check", "ask a live server whether its responses carry spec-decode stats"),
+    ):
+        command = sub.add_parser(name, help=about)
+        module.add_arguments(command)
+        command.set_defaults(run=module.run)
     return parser
 
 
@@ -78,8 +76,9 @@ def _error(command: str, message: str) -> int:
     return 2
 
 
-def _parse(path: str, request_path: str | None) -> int:
+def _parse(args: argparse.Namespace) -> int:
     """Print the record of a capture as JSON (``null`` when it has no usable stats)."""
+    path, request_path = args.file, args.request
     request = None
     if request_path is not None:
         try:
@@ -96,9 +95,10 @@ def _parse(path: str, request_path: str | None) -> int:
     return 0
 
 
-def _summarize(path: str, as_json: bool) -> int:
+def _summarize(args: argparse.Namespace) -> int:
     """Print the summary of a records file; lines that are not records are reported on
     stderr and left out, so one bad line does not hide the rest."""
+    path = args.file
     try:
         text = _read(path)
     except (OSError, UnicodeDecodeError) as exc:
@@ -107,7 +107,7 @@ def _summarize(path: str, as_json: bool) -> int:
     for problem in problems:
         print(f"spec-decode-otel summarize: {path}: {problem}", file=sys.stderr)
     summaries = summary.summarize(rows)
-    if as_json:
+    if args.json:
         print(json.dumps({**summary.to_json(summaries), "skipped_lines": len(problems)}, indent=2))
     else:
         print(summary.render(summaries, "standard input" if path == "-" else path))
@@ -130,24 +130,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.command == "parse":
-        return _parse(args.file, args.request)
-    if args.command == "summarize":
-        return _summarize(args.file, args.json)
     try:
-        if args.command == "simulate":
-            from spec_decode_otel.simulator.cli import run
-        elif args.command == "check":
-            from spec_decode_otel.check import run
-        else:
-            from spec_decode_otel.demo import run
-        return run(args)
+        status: int = args.run(args)
     except ModuleNotFoundError as exc:
-        if exc.name is None or exc.name.split(".")[0] == "spec_decode_otel":
+        hint = _EXTRA_HINT.get(args.command)  # parse and summarize need no extra
+        if hint is None or exc.name is None or exc.name.split(".")[0] == "spec_decode_otel":
             raise
         print(
             f"spec-decode-otel {args.command}: needs {exc.name!r}, which is not installed. "
-            f"Install it with: {_EXTRA_HINT[args.command]}",
+            f"Install it with: {hint}",
             file=sys.stderr,
         )
         return 3
+    return status

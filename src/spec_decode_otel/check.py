@@ -28,6 +28,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from spec_decode_otel import telemetry as names
 from spec_decode_otel._logging import logger
 from spec_decode_otel.instrumentation.hints import TURN_STATS_ON
 from spec_decode_otel.outcome import Outcome
@@ -208,7 +209,7 @@ def _probe(
         ended = spans.get_finished_spans()
         spans.clear()
         attributes = (ended[-1].attributes or {}) if ended else {}
-        outcome = str(attributes.get("spec_decode.outcome", "none"))
+        outcome = str(attributes.get(names.SD_OUTCOME, "none"))
         if not lines.add(label, outcome, problem or _describe(attributes), answer):
             return
 
@@ -286,23 +287,21 @@ def _fix_for(body: Any) -> str | None:
 
 def _describe(attributes: Mapping[str, Any]) -> str:
     """What the record holds, in the terms of README's record table."""
-    engine = attributes.get("spec_decode.engine")
+    engine = attributes.get(names.SD_ENGINE)
     if engine is None:
         return ""
     parts = [f"engine {engine}"]
     for key, label in (
-        ("spec_decode.mean_acceptance_length", "mean acceptance length"),
-        ("spec_decode.draft_acceptance_rate", "acceptance rate"),
+        (names.SD_MEAN_ACCEPTANCE_LENGTH, "mean acceptance length"),
+        (names.SD_DRAFT_ACCEPTANCE_RATE, "acceptance rate"),
+        (names.SD_NUM_SPEC_TOKENS, "k"),
+        (names.SD_NUM_SPEC_STEPS, "steps"),
+        (names.SD_NUM_DRAFT_TOKENS, "drafted"),
+        (names.SD_NUM_ACCEPTED_DRAFT_TOKENS, "accepted"),
     ):
         value = attributes.get(key)
         if isinstance(value, float):
             parts.append(f"{label} {value:.3f}")
-    for key, label in (
-        ("spec_decode.num_spec_tokens", "k"),
-        ("spec_decode.num_spec_steps", "steps"),
-        ("spec_decode.num_draft_tokens", "drafted"),
-        ("spec_decode.num_accepted_draft_tokens", "accepted"),
-    ):
-        if attributes.get(key) is not None:
-            parts.append(f"{label} {attributes[key]}")
+        elif value is not None:
+            parts.append(f"{label} {value}")
     return "  ".join(parts)

@@ -85,8 +85,7 @@ def _running_usage(plan: RequestPlan, c: ChoicePlan, tokens: int) -> JSON:
     ``exclude_unset`` keeps it; completions do not."""
     if not plan.continuous_usage:
         return {}
-    counts = plan.prompt_counts or (plan.prompt_tokens,)
-    prompt = counts[c.index // (len(plan.choices) // len(counts))]
+    prompt = plan.prompt_tokens_of(c)
     usage: JSON = {
         "prompt_tokens": prompt,
         "total_tokens": prompt + tokens,
@@ -126,38 +125,33 @@ def vllm_chunks(plan: RequestPlan) -> Iterator[JSON]:
             }
             root = {**_running_usage(plan, c, 0), "prompt_token_ids": None, "prompt_text": None}
             yield plan.chunk(role, **root)
-    longest = max(len(c.pieces) for c in plan.choices)
-    for step in range(longest):
-        for c in plan.choices:
-            if step >= len(c.pieces):
-                continue
-            done = step == len(c.pieces) - 1
-            finish, stop = (c.finish_reason, _stop_reason(c)) if done else (None, None)
-            choice: JSON
-            if chat:
-                delta = {"content": c.pieces[step]}
-                choice = {"index": c.index, "delta": delta, "logprobs": None}
-                choice["finish_reason"] = finish
-                if done:  # the only chat choice vLLM builds with these
-                    choice.update(stop_reason=stop, token_ids=None, weight_versions=None)
-                else:
-                    choice["token_ids"] = None
+    for step, c in plan.steps():
+        done = step == len(c.pieces) - 1
+        finish, stop = (c.finish_reason, _stop_reason(c)) if done else (None, None)
+        choice: JSON
+        if chat:
+            delta = {"content": c.pieces[step]}
+            choice = {"index": c.index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            if done:  # the only chat choice vLLM builds with these
+                choice.update(stop_reason=stop, token_ids=None, weight_versions=None)
             else:
-                choice = {
-                    "index": c.index,
-                    "text": c.pieces[step],
-                    "logprobs": None,
-                    "finish_reason": finish,
-                    "stop_reason": stop,
-                    "prompt_token_ids": None,
-                    "token_ids": None,
-                    "weight_versions": None,
-                }
-            tokens = 1 + sum(c.generation.step_tokens()[:step])
-            root = _running_usage(plan, c, tokens)
-            if done and not plan.include_usage:
-                root["system_fingerprint"] = fingerprint
-            yield plan.chunk(choice, **root, kv_transfer_params=None)
+                choice["token_ids"] = None
+        else:
+            choice = {
+                "index": c.index,
+                "text": c.pieces[step],
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": stop,
+                "prompt_token_ids": None,
+                "token_ids": None,
+                "weight_versions": None,
+            }
+        tokens = 1 + sum(c.generation.step_tokens()[:step])
+        root = _running_usage(plan, c, tokens)
+        if done and not plan.include_usage:
+            root["system_fingerprint"] = fingerprint
+        yield plan.chunk(choice, **root, kv_transfer_params=None)
     if plan.include_usage:
         chunk = plan.chunk(usage=plan.usage(), system_fingerprint=fingerprint)
         metrics = plan.vllm_metrics()
@@ -182,20 +176,16 @@ def sglang_chunks(plan: RequestPlan) -> Iterator[JSON]:
     """
     chat = plan.kind == "chat"
     tail: JSON = {} if chat else {"usage": None}
-    longest = max(len(c.pieces) for c in plan.choices)
-    for step in range(longest):
-        for c in plan.choices:
-            if step >= len(c.pieces):
-                continue
-            if chat and step == 0:
-                yield plan.chunk(plan.delta(c, 0, {"role": "assistant", "content": ""}))
-            done = step == len(c.pieces) - 1
-            if chat and c.pieces[step]:
-                yield plan.chunk(plan.delta(c, step, {"content": c.pieces[step]}))
-            elif not chat:
-                finish = c.finish_reason if done else None
-                piece = plan.delta(c, step, {"content": c.pieces[step]}, finish)
-                yield plan.chunk(piece, **tail)
+    for step, c in plan.steps():
+        if chat and step == 0:
+            yield plan.chunk(plan.delta(c, 0, {"role": "assistant", "content": ""}))
+        done = step == len(c.pieces) - 1
+        if chat and c.pieces[step]:
+            yield plan.chunk(plan.delta(c, step, {"content": c.pieces[step]}))
+        elif not chat:
+            finish = c.finish_reason if done else None
+            piece = plan.delta(c, step, {"content": c.pieces[step]}, finish)
+            yield plan.chunk(piece, **tail)
     if chat:
         for c in plan.choices:
             yield plan.chunk(plan.delta(c, len(c.pieces) - 1, {}, c.finish_reason))
@@ -313,15 +303,11 @@ def llamacpp_chunks(plan: RequestPlan) -> Iterator[JSON]:
                 "delta": {"role": "assistant", "content": None},
             }
             yield _llamacpp_chunk(plan, role)
-    longest = max(len(c.pieces) for c in plan.choices)
-    for step in range(longest):
-        for c in plan.choices:
-            if step >= len(c.pieces):
-                continue
-            if c.pieces[step]:
-                yield _llamacpp_chunk(plan, _llamacpp_choice(plan, c, c.pieces[step], None))
-            if step == len(c.pieces) - 1:
-                yield from _llamacpp_final(plan, c)
+    for step, c in plan.steps():
+        if c.pieces[step]:
+            yield _llamacpp_chunk(plan, _llamacpp_choice(plan, c, c.pieces[step], None))
+        if step == len(c.pieces) - 1:
+            yield from _llamacpp_final(plan, c)
 
 
 # --- mlx-vlm 0.7.10 (chat) ------------------------------------------------------------

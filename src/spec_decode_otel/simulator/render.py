@@ -156,6 +156,13 @@ class RequestPlan:
             return None
         return {"spec_tokens_details": details if len(self.choices) > 1 else details[0]}
 
+    def steps(self) -> Iterator[tuple[int, ChoicePlan]]:
+        """(step, choice) in stream order: step by step, the choices interleaved."""
+        for step in range(max(len(c.pieces) for c in self.choices)):
+            for c in self.choices:
+                if step < len(c.pieces):
+                    yield step, c
+
     def prompt_tokens_of(self, choice: ChoicePlan) -> int:
         """The prompt tokens of the prompt ``choice`` answers (each prompt gets ``n``)."""
         counts = self.prompt_counts or (self.prompt_tokens,)
@@ -295,21 +302,12 @@ class RequestPlan:
         if self.kind == "chat":
             for c in self.choices:
                 yield self.chunk(self.delta(c, 0, {"role": "assistant", "content": ""}))
-        longest = max(len(c.pieces) for c in self.choices)
-        for step in range(longest):
-            for c in self.choices:
-                if step < len(c.pieces) and c.pieces[step]:
-                    yield self.chunk(self.delta(c, step, {"content": c.pieces[step]}))
-
+        for step, c in self.steps():
+            if c.pieces[step]:
+                yield self.chunk(self.delta(c, step, {"content": c.pieces[step]}))
         for c in self.choices:
             last = self.delta(c, c.generation.num_spec_steps, {}, c.finish_reason)
-            chunk = self.chunk({**last, **self.choice_stats(c)})
-            yield chunk
-
-        ext = self.sglext()
-        if ext is not None:
-            yield self.chunk(sglext=ext)
-
+            yield self.chunk({**last, **self.choice_stats(c)})
         if self.include_usage:
             chunk = self.chunk(usage=self.usage())
             if self.engine == "mlx-vlm":  # its draft counters ride this chunk only

@@ -126,11 +126,7 @@ def _where(exports: dict[str, tuple[str, ...]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit status 1 when no call got a record: then the demo showed nothing.
-
-    The extras are imported here, so that without them ``spec-decode-otel`` can name the
-    one to install.
-    """
+    """Exit status 1 when no call got a record: then the demo showed nothing."""
     from spec_decode_otel.records import RecordsFileProcessor
     from spec_decode_otel.sdk_setup import setup
     from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer

@@ -88,9 +88,8 @@ def parse_payloads(text: str) -> list[Any]:
 
 
 def _parse_json_lines(text: str) -> list[Any]:
-    """One JSON value per line. A line ends at ``\\r\\n``, ``\\n`` or ``\\r``, which JSON
-    strings cannot hold unescaped; ``str.splitlines`` would also split at U+2028, U+2029
-    and U+0085, which they may hold, and engines that write UTF-8 JSON send them raw."""
+    """One JSON value per line; a line ends as an SSE line does
+    (:data:`~spec_decode_otel.sse.LINE_END`)."""
     payloads = []
     for number, line in enumerate(LINE_END.split(text), 1):
         if line.strip():

@@ -12,8 +12,8 @@ spec_decode_otel`` does not import this module::
 
 A line is written when the call's span ends, past any buffer, so the file is complete at
 any moment, also for a server that is read while it runs or stopped without an atexit
-flush (``force_flush`` has nothing to do); ``shutdown`` closes a file the processor opened. The SDK
-hands its processors every span that records, sampled or not; a call whose span the
+flush (uvicorn re-raises SIGTERM); ``shutdown`` closes a file the processor opened. The
+SDK hands its processors every span that records, sampled or not; a call whose span the
 sampler drops gets no line (the metrics still count it).
 """
 
@@ -71,8 +71,6 @@ class RecordsFileProcessor(SpanProcessor):
                     _write_all(self._fd, line.encode("ascii"))
                 elif self._stream is not None:
                     self._stream.write(line)
-                    # On disk now: a server is read while it runs, and may end without
-                    # running atexit (uvicorn re-raises SIGTERM).
                     self._stream.flush()
         except (OSError, ValueError):  # a full disk must not fail the caller's span.end()
             # Logged without the lock: a handler may block (under gevent, switch).

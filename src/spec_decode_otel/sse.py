@@ -58,7 +58,9 @@ def decode_json(text: str | bytes) -> Any:
         return Undecoded.NOT_JSON
 
 
-#: What ends an SSE line (and a line of JSON lines): never U+2028, U+2029 or U+0085.
+#: What ends an SSE line (and a line of JSON lines). Not ``str.splitlines``, which also
+#: splits at U+2028, U+2029 and U+0085: JSON strings may hold those raw (engines that
+#: write UTF-8 JSON send them so), but never an unescaped line end.
 LINE_END = re.compile(r"\r\n|\r|\n")
 
 

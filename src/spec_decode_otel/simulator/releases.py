@@ -233,14 +233,7 @@ def llamacpp_response(plan: RequestPlan) -> JSON:
             message = {"role": "assistant", "content": c.text}
             choices.append({"finish_reason": c.finish_reason, "index": c.index, "message": message})
         else:
-            choices.append(
-                {
-                    "text": c.text,
-                    "index": c.index,
-                    "logprobs": None,
-                    "finish_reason": c.finish_reason,
-                }
-            )
+            choices.append(_llamacpp_choice(plan, c, c.text, c.finish_reason))
     first = plan.choices[0]
     return {
         "choices": choices,
@@ -313,9 +306,10 @@ def llamacpp_chunks(plan: RequestPlan) -> Iterator[JSON]:
 # --- mlx-vlm 0.7.10 (chat) ------------------------------------------------------------
 
 
-def _mlx_vlm_message(content: str | None) -> JSON:
-    """``ChatMessage`` (``server/schemas.py``) dumped with its null fields."""
-    return {
+def _mlx_vlm_choice(c: ChoicePlan, key: str, content: str | None, finish: str | None) -> JSON:
+    """A choice whose ``message`` or ``delta`` is a ``ChatMessage`` (``server/schemas.py``)
+    dumped with its null fields."""
+    message = {
         "role": "assistant",
         "content": content,
         "reasoning_content": None,
@@ -324,6 +318,7 @@ def _mlx_vlm_message(content: str | None) -> JSON:
         "tool_call_id": None,
         "name": None,
     }
+    return {"index": c.index, "finish_reason": finish, key: message, "logprobs": None}
 
 
 def _mlx_vlm_usage(plan: RequestPlan) -> JSON:
@@ -337,12 +332,7 @@ def mlx_vlm_response(plan: RequestPlan) -> JSON:
     null or not, and ``timings`` is ``GenerationTimings.from_metrics``: all its fields,
     ``peak_memory`` and the draft ones included (null when no verify round ran)."""
     c = plan.choices[0]
-    choice = {
-        "index": c.index,
-        "finish_reason": c.finish_reason,
-        "message": _mlx_vlm_message(c.text or None),
-        "logprobs": None,
-    }
+    choice = _mlx_vlm_choice(c, "message", c.text or None, c.finish_reason)
     return {
         "id": plan.request_id,
         "object": "chat.completion",
@@ -365,19 +355,8 @@ def mlx_vlm_chunks(plan: RequestPlan) -> Iterator[JSON]:
     running = {"predicted_per_second": plan.llamacpp_timings(c)["predicted_per_second"]}
     for piece in c.pieces:
         if piece:
-            choice = {
-                "index": c.index,
-                "finish_reason": None,
-                "delta": _mlx_vlm_message(piece),
-                "logprobs": None,
-            }
-            yield plan.chunk(choice, usage=None, timings=running)
-    finish = {
-        "index": c.index,
-        "finish_reason": c.finish_reason,
-        "delta": _mlx_vlm_message(None),
-        "logprobs": None,
-    }
+            yield plan.chunk(_mlx_vlm_choice(c, "delta", piece, None), usage=None, timings=running)
+    finish = _mlx_vlm_choice(c, "delta", None, c.finish_reason)
     yield plan.chunk(finish, usage=None, timings=running)
     if plan.include_usage:
         yield plan.chunk(usage=_mlx_vlm_usage(plan), timings=plan.llamacpp_timings(c))

@@ -8,11 +8,8 @@ engines and satisfy each engine's identities (histogram sums, accepted = sum j*h
 
 from __future__ import annotations
 
-from typing import Any
-
 from spec_decode_otel.simulator.acceptance import AcceptanceProfile, Generation
-
-JSON = dict[str, Any]
+from spec_decode_otel.simulator.protocol import JSON
 
 
 def vllm_merged(gen: Generation, profile: AcceptanceProfile, level: str) -> JSON:
@@ -61,23 +58,18 @@ VLLM_SYSTEM_FINGERPRINT = "vllm-0.34.0-5ec0de0d"
 SGLANG_WEIGHT_VERSION = "default"
 
 
-def lazy_histogram(gen: Generation) -> list[int]:
-    """SGLang 0.5.23 (``schedule_batch.py``) grows the histogram from ``[]`` only as far as
-    the largest acceptance seen: one bucket past it, never to k + 1."""
-    largest = max(gen.per_step_accepted, default=-1)
-    return gen.histogram(largest + 1)
-
-
 def sglang_details(gen: Generation, profile: AcceptanceProfile, histogram: bool = True) -> JSON:
     """``sglext.spec_tokens_details`` (SGLang 0.5.23 ``SpecTokensDetails``, its key order).
 
     SGLang's ``spec_accept_length`` is completion_tokens / verify steps (the prefill token
     counted), not vLLM's 1 + accepted/steps; a consumer must derive its own from counts.
     ``spec_num_proposed_drafts`` is verify steps x draft length (``tokenizer_manager.py``
-    computes it from the config), and the histogram is grown lazily; without one
+    computes it from the config), and the histogram is grown lazily (``schedule_batch.py``:
+    from ``[]``, one bucket past the largest acceptance seen, never to k + 1); without one
     (``histogram=False``) SGLang fills the key with ``[]``.
     """
     steps = gen.num_spec_steps
+    largest = max(gen.per_step_accepted, default=-1)
     return {
         "spec_accept_rate": gen.draft_acceptance_rate,
         "spec_accept_length": gen.completion_tokens / max(steps, 1),
@@ -86,19 +78,8 @@ def sglang_details(gen: Generation, profile: AcceptanceProfile, histogram: bool 
         "spec_num_correct_drafts": gen.num_accepted_draft_tokens,
         "spec_num_proposed_drafts": gen.num_draft_tokens,
         "spec_verify_ct": steps,
-        "spec_correct_drafts_histogram": lazy_histogram(gen) if histogram else [],
+        "spec_correct_drafts_histogram": gen.histogram(largest + 1) if histogram else [],
         "spec_cap_lens_histogram": [],
-    }
-
-
-def tokenspeed_spec(gen: Generation) -> JSON:
-    """TokenSpeed's ``meta_info`` spec keys (PR lightseekorg/tokenspeed#1443): accepted
-    drafts with the bonus token excluded (completion_tokens - 1 - verify steps), and
-    drafts proposed as verify steps x draft length."""
-    return {
-        "spec_verify_ct": gen.num_spec_steps,
-        "spec_accepted_tokens": gen.num_accepted_draft_tokens,
-        "spec_draft_tokens": gen.num_draft_tokens,
     }
 
 
@@ -129,6 +110,10 @@ def sglang_meta_info(
     says what matched (or the length limit), the spec keys come only once a verify step
     ran, the histogram only when it is non-empty, and no ``spec_cap_*`` or
     ``spec_block_accept_length`` outside their special modes.
+
+    TokenSpeed's spec keys (PR lightseekorg/tokenspeed#1443): accepted drafts with the
+    bonus token excluded (completion_tokens - 1 - verify steps), and drafts proposed as
+    verify steps x draft length.
     """
     if engine == "tokenspeed":
         return {
@@ -137,7 +122,9 @@ def sglang_meta_info(
             "prompt_tokens": prompt,
             "completion_tokens": gen.completion_tokens,
             "cached_tokens": 0,
-            **tokenspeed_spec(gen),
+            "spec_verify_ct": gen.num_spec_steps,
+            "spec_accepted_tokens": gen.num_accepted_draft_tokens,
+            "spec_draft_tokens": gen.num_draft_tokens,
         }
     reason: JSON = {"type": finish}
     if finish == "length":

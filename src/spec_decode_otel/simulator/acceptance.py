@@ -21,6 +21,7 @@ So the last step yields exactly the tokens that remain and no identity ever brea
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass, field
 
@@ -130,16 +131,13 @@ def generate(rng: random.Random, profile: AcceptanceProfile, limit: int) -> Gene
     if limit < 1:
         raise ValueError("a completion has at least one token")
     gen = Generation(completion_tokens=1)  # the prefill token
-    produced = 1
-    i = 0
-    while produced < limit:
-        drafted = profile.schedule[i % len(profile.schedule)]
-        accepted = min(sample_step(rng, drafted, profile), limit - produced - 1)
+    schedule = itertools.cycle(profile.schedule)
+    while gen.completion_tokens < limit:
+        drafted = next(schedule)
+        accepted = min(sample_step(rng, drafted, profile), limit - gen.completion_tokens - 1)
         gen.per_step_drafted.append(drafted)
         gen.per_step_accepted.append(accepted)
-        produced += accepted + 1
-        i += 1
-    gen.completion_tokens = produced
+        gen.completion_tokens += accepted + 1
     return gen
 
 

@@ -98,9 +98,9 @@ class SimulatorConfig(BaseModel):
 
     def profile_for(self, model: str, schedule: tuple[int, ...] | None = None) -> AcceptanceProfile:
         """The acceptance profile for one request's model (and optional schedule override)."""
-        alphas = self.model_alphas.get(model) or self.alpha_vector or (self.alpha,)
         return AcceptanceProfile(
-            alphas=tuple(alphas), schedule=schedule or self.draft_schedule or (self.k,)
+            alphas=self.model_alphas.get(model) or self.alpha_vector or (self.alpha,),
+            schedule=schedule or self.draft_schedule or (self.k,),
         )
 
     @property

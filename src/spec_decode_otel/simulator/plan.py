@@ -8,6 +8,7 @@ the prompt is never echoed.
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from collections.abc import Sequence
@@ -121,9 +122,7 @@ def plan_choice(
     if visible is not None:
         text = text[:visible]
     # split the visible text at the step boundaries
-    bounds = [1]
-    for n in gen.step_tokens():
-        bounds.append(bounds[-1] + n)
+    bounds = itertools.accumulate(gen.step_tokens(), initial=1)
     pieces: list[str] = []
     start_tok, start_char = 0, 0
     for end_tok in bounds:

@@ -11,7 +11,6 @@ rendered by ``releases.py``.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -183,7 +182,7 @@ class RequestPlan:
         choice it sends, streamed or not (empty for the other engines)."""
         if self.engine not in TRTLLM_FAMILY:
             return {}
-        accepted = sum(itertools.islice(choice.generation.per_step_accepted, steps))
+        accepted = sum(choice.generation.per_step_accepted[:steps])
         avg = shapes.trtllm_avg_decoded(steps, accepted)
         return {"avg_decoded_tokens_per_iter": F.corrupt_avg_decoded(avg, self.faults)}
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import codecs
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from spec_decode_otel._logging import rate_limited, report_internal_error
@@ -130,14 +130,12 @@ class RawBody:
         except Exception:
             report_internal_error("raw.feed")
 
-    def whole_bytes(self, body: bytes) -> None:
-        """``read()``: the whole body."""
-        self.feed_bytes(body)
-        self.end()
-
-    def whole_text(self, body: str) -> None:
-        """``text()``: the whole body."""
-        self.feed_text(body)
+    def whole(self, body: bytes | str) -> None:
+        """The whole body, from ``read()`` (bytes) or ``text()`` (str)."""
+        if isinstance(body, bytes):
+            self.feed_bytes(body)
+        else:
+            self.feed_text(body)
         self.end()
 
     # -- how the reading ended ------------------------------------------------------
@@ -277,9 +275,6 @@ class _RawResponseProxy(CopiedLikeTheSdk):
             wrapped, self._self_call, self._self_hide_usage, self._self_origin or self
         )
 
-    def __repr__(self) -> str:  # the SDK's "<APIResponse [200 OK] type=...>"
-        return repr(self.__wrapped__)
-
     def _observe_parsed(self, parsed: Any) -> Any:
         state = self._self_state
         try:
@@ -365,23 +360,19 @@ class SyncStreamedResponseProxy(SyncRawResponseProxy):
             self._closed()
 
     def read(self) -> Any:
-        raw = self._raw_body()
-        try:
-            body = self.__wrapped__.read()
-        except BaseException as exc:
-            raw.error(exc)
-            raise
-        raw.whole_bytes(body)
-        return body
+        return self._whole(self.__wrapped__.read)
 
     def text(self) -> Any:
+        return self._whole(self.__wrapped__.text)
+
+    def _whole(self, read: Callable[[], Any]) -> Any:
         raw = self._raw_body()
         try:
-            body = self.__wrapped__.text()
+            body = read()
         except BaseException as exc:
             raw.error(exc)
             raise
-        raw.whole_text(body)
+        raw.whole(body)
         return body
 
     def iter_bytes(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
@@ -431,23 +422,19 @@ class AsyncRawResponseProxy(_RawResponseProxy):
             self._closed()
 
     async def read(self) -> Any:
-        raw = self._raw_body()
-        try:
-            body = await self.__wrapped__.read()
-        except BaseException as exc:
-            raw.error(exc)
-            raise
-        raw.whole_bytes(body)
-        return body
+        return await self._whole(self.__wrapped__.read)
 
     async def text(self) -> Any:
+        return await self._whole(self.__wrapped__.text)
+
+    async def _whole(self, read: Callable[[], Awaitable[Any]]) -> Any:
         raw = self._raw_body()
         try:
-            body = await self.__wrapped__.text()
+            body = await read()
         except BaseException as exc:
             raw.error(exc)
             raise
-        raw.whole_text(body)
+        raw.whole(body)
         return body
 
     def iter_bytes(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:

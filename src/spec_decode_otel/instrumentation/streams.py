@@ -276,7 +276,11 @@ class CopiedLikeTheSdk(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic 
     shallow copy is the SDK's copy of the wrapped object, wrapped by :meth:`_twin` (the
     same body: watched by the same observer, it ends the same call). A deep copy or a
     pickle is a new, independent object, the SDK's own and unobserved, or the SDK's error.
+    Its ``repr`` is the wrapped object's, not wrapt's ``<... at 0x... for ...>``.
     """
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
 
     def _twin(self, wrapped: Any) -> Any:
         raise NotImplementedError
@@ -304,9 +308,6 @@ class _HttpResponseProxy(CopiedLikeTheSdk):
     def __init__(self, wrapped: Any, observer: StreamObserver) -> None:
         super().__init__(wrapped)
         self._self_observer = observer
-
-    def __repr__(self) -> str:  # the response's own, as a log line or a debugger shows it
-        return repr(self.__wrapped__)
 
     def _twin(self, wrapped: Any) -> _HttpResponseProxy:
         return _HttpResponseProxy(wrapped, self._self_observer)
@@ -344,9 +345,6 @@ class _StreamProxyBase(CopiedLikeTheSdk):
 
     def _twin(self, wrapped: Any) -> Any:
         return type(self)(wrapped, self._self_observer.call, origin=self._self_origin or self)
-
-    def __repr__(self) -> str:  # the stream's own, not wrapt's "<... at 0x... for ...>"
-        return repr(self.__wrapped__)
 
     @property
     def response(self) -> Any:

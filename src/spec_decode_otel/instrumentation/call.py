@@ -101,10 +101,6 @@ class Call:
         self._late_span: Span | None = None
 
     @property
-    def requested_sequences(self) -> int:
-        return self.plan.requested_sequences
-
-    @property
     def done(self) -> bool:
         return self._done
 
@@ -118,32 +114,23 @@ class Call:
         self.reclaimed_at = (time.perf_counter(), time.time_ns())
         return True
 
-    def _claim(self) -> bool:
-        with self._lock:
-            if self._done:
-                return False
-            self._done = True
-            return True
-
     # -- the ways a call ends ------------------------------------------------------
 
     def finish_object(self, obj: Any) -> None:
         """A parsed SDK object (ChatCompletion, Completion, ParsedChatCompletion, or a
         Responses API ``Response``)."""
-        if self._claim():
-            self._end_safely(
-                lambda: self._end(
-                    [ParsedResponse.from_sdk(obj, self.plan.request)],
-                    response_model=getattr(obj, "model", None),
-                    finish_reasons=finish_reasons(obj),
-                    usage=getattr(obj, "usage", None),
-                )
+        self._end_once(
+            lambda: self._end(
+                [ParsedResponse.from_sdk(obj, self.plan.request)],
+                response_model=getattr(obj, "model", None),
+                finish_reasons=finish_reasons(obj),
+                usage=getattr(obj, "usage", None),
             )
+        )
 
     def finish_dict(self, body: Any) -> None:
         """A raw JSON body (with_raw_response, or ``.json()`` on a streamed response)."""
-        if self._claim():
-            self._end_safely(lambda: self._end_dict(body))
+        self._end_once(lambda: self._end_dict(body))
 
     def _end_dict(self, body: Any) -> None:
         parsed = (
@@ -173,36 +160,38 @@ class Call:
         error: BaseException | None = None,
     ) -> None:
         """A stream ended (exhausted, failed, or stopped early) with these chunks kept."""
-        if self._claim():
-            self._end_safely(
-                lambda: self._end(
-                    []
-                    if multi_sequence
-                    else [p for c in chunks if (p := _parsed_chunk(c, self.plan.request))],
-                    response_model=response_model,
-                    finish_reasons=finish_reasons,
-                    usage=next(filter(None, map(_chunk_usage, reversed(chunks))), None),
-                    error=error,
-                    first_chunk_at=first_chunk_at,
-                    read_to_end=read_to_end,
-                    multi_sequence=multi_sequence,
-                )
+        self._end_once(
+            lambda: self._end(
+                []
+                if multi_sequence
+                else [p for c in chunks if (p := _parsed_chunk(c, self.plan.request))],
+                response_model=response_model,
+                finish_reasons=finish_reasons,
+                usage=next(filter(None, map(_chunk_usage, reversed(chunks))), None),
+                error=error,
+                first_chunk_at=first_chunk_at,
+                read_to_end=read_to_end,
+                multi_sequence=multi_sequence,
             )
+        )
 
     def finish_error(self, error: BaseException) -> None:
         """The request raised (the exception itself is re-raised by the wrapper)."""
-        if self._claim():
-            self._end_safely(lambda: self._end([], error=error))
+        self._end_once(lambda: self._end([], error=error))
 
     def finish_empty(self, *, read_to_end: bool = True) -> None:
         """Ended without a body we can read; ``read_to_end=False`` when the user closed
         a raw response without reading its body."""
-        if self._claim():
-            self._end_safely(lambda: self._end([], read_to_end=read_to_end))
+        self._end_once(lambda: self._end([], read_to_end=read_to_end))
 
     # -- emission --------------------------------------------------------------
 
-    def _end_safely(self, end: Any) -> None:
+    def _end_once(self, end: Callable[[], None]) -> None:
+        """Run ``end`` unless the call has ended; a failure still ends our span."""
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
         try:
             end()
         except Exception:

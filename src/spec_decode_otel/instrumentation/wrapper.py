@@ -86,23 +86,6 @@ class Instrumentation:
 
     # -- request start ---------------------------------------------------------
 
-    def start(self, client: Any, options: Any) -> tuple[Call, Any, bool] | None:
-        """A Call for ``options`` if the endpoint is ours, the options to send (amended
-        on a copy), and whether we injected ``include_usage``. None for other endpoints,
-        and inside ``suppress_instrumentation()`` (every OpenTelemetry instrumentation's
-        off switch for a block of code). Never raises."""
-        try:
-            if not is_instrumentation_enabled() or str(options.method).lower() != "post":
-                return None
-            operation = OPERATIONS.get(options.url)
-            body = _sent_body(options)
-            if operation is None or body is None:
-                return None
-            return self._start(client, options, operation, body)
-        except Exception:
-            report_internal_error("start")
-            return None
-
     def _start(
         self, client: Any, options: Any, operation: str, body: Mapping[str, Any]
     ) -> tuple[Call, Any, bool]:
@@ -277,12 +260,27 @@ class Instrumentation:
     def _begin(
         self, client: Any, args: tuple[Any, ...], kwargs: Any
     ) -> tuple[Call, tuple[Any, ...], Any, bool] | None:
-        """Start a call from ``request(cast_to, options, ...)``'s arguments."""
-        options = args[1] if len(args) > 1 else kwargs.get("options")
-        started = self.start(client, options) if options is not None else None
-        if started is None:
+        """Start a call from ``request(cast_to, options, ...)``'s arguments: the Call, the
+        arguments to send (the options amended on a copy), and whether we injected
+        ``include_usage``. None for other endpoints, and inside
+        ``suppress_instrumentation()`` (every OpenTelemetry instrumentation's off switch
+        for a block of code). Never raises."""
+        try:
+            options = args[1] if len(args) > 1 else kwargs.get("options")
+            if (
+                options is None
+                or not is_instrumentation_enabled()
+                or str(options.method).lower() != "post"
+            ):
+                return None
+            operation = OPERATIONS.get(options.url)
+            body = _sent_body(options)
+            if operation is None or body is None:
+                return None
+            call, new_options, injected_usage = self._start(client, options, operation, body)
+        except Exception:
+            report_internal_error("start")
             return None
-        call, new_options, injected_usage = started
         if len(args) > 1:
             args = (args[0], new_options, *args[2:])
         else:

@@ -175,17 +175,16 @@ def sglang_chunks(plan: RequestPlan) -> Iterator[JSON]:
     every usage field; completions: dumped with ``exclude_none``).
     """
     chat = plan.kind == "chat"
-    tail: JSON = {} if chat else {"usage": None}
     for step, c in plan.steps():
-        if chat and step == 0:
-            yield plan.chunk(plan.delta(c, 0, {"role": "assistant", "content": ""}))
-        done = step == len(c.pieces) - 1
-        if chat and c.pieces[step]:
-            yield plan.chunk(plan.delta(c, step, {"content": c.pieces[step]}))
-        elif not chat:
-            finish = c.finish_reason if done else None
+        if not chat:
+            finish = c.finish_reason if step == len(c.pieces) - 1 else None
             piece = plan.delta(c, step, {"content": c.pieces[step]}, finish)
-            yield plan.chunk(piece, **tail)
+            yield plan.chunk(piece, usage=None)
+            continue
+        if step == 0:
+            yield plan.chunk(plan.delta(c, 0, {"role": "assistant", "content": ""}))
+        if c.pieces[step]:
+            yield plan.chunk(plan.delta(c, step, {"content": c.pieces[step]}))
     if chat:
         for c in plan.choices:
             yield plan.chunk(plan.delta(c, len(c.pieces) - 1, {}, c.finish_reason))

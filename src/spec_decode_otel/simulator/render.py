@@ -142,7 +142,7 @@ class RequestPlan:
         """SGLang 0.5.23 builds one details object per sequence that ran a verify step
         (``spec_tokens_details_from_meta_info`` gives None without the spec keys) and
         sends no ``sglext`` at all when none did."""
-        if not self.sglang_details or not self.sglang:
+        if not self.sglang_details:
             return None
         details = []
         for c in self.choices:
@@ -253,13 +253,12 @@ class RequestPlan:
         }
         if self.sglang:  # no system_fingerprint field; the weight version instead
             out["metadata"] = {"weight_version": shapes.SGLANG_WEIGHT_VERSION}
-        else:
-            out["system_fingerprint"] = None
-        if self.engine in SGLANG_FAMILY:
             ext = self.sglext()
             if ext is not None:
                 out["sglext"] = ext
-        elif self.engine in TIMINGS_FAMILY:
+        else:
+            out["system_fingerprint"] = None
+        if self.engine in TIMINGS_FAMILY:
             out["timings"] = self.llamacpp_timings()
         return out
 

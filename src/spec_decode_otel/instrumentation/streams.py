@@ -148,8 +148,11 @@ class StreamObserver:
             report_internal_error("stream.observe_payload")
 
     def _observe_other(self, chunk: Any) -> bool:
-        """A chunk without ``choices``: a Responses API event, or a chunk or event the
-        SDK left as the server's JSON (a stream parsed with ``to=Stream[dict]``)."""
+        """A chunk without ``choices``: a chunk or event the SDK left as the server's JSON
+        (a stream parsed with ``to=Stream[dict]``), or a Responses API event. An event is
+        kept when it carries a non-standard field (llama.cpp's ``timings`` on
+        ``response.completed``) or the finished response (its usage, status and root
+        fields, e.g. vLLM's ``metrics``)."""
         if isinstance(chunk, Mapping):
             self.observe_payload(chunk)
             choices = chunk.get("choices")
@@ -157,19 +160,13 @@ class StreamObserver:
             return not (self.hide_usage_chunk and choices == [] and usage is not None)
         if self.first_at is None:
             self._first(getattr(chunk, "model", None), getattr(chunk, "id", None))
-        return self._observe_event(chunk)
-
-    def _observe_event(self, event: Any) -> bool:
-        """A Responses API stream event: kept when it carries a non-standard field
-        (llama.cpp's ``timings`` on ``response.completed``) or the finished response
-        (its usage, status and root fields, e.g. vLLM's ``metrics``)."""
-        response = getattr(event, "response", None)
+        response = getattr(chunk, "response", None)
         if response is not None and self.model is None:
             model = getattr(response, "model", None)
             self.model = model if isinstance(model, str) else None
-        kind = getattr(event, "type", None)
-        if getattr(event, "model_extra", None) or _is_terminal(kind):
-            self.kept.append(event)
+        kind = getattr(chunk, "type", None)
+        if getattr(chunk, "model_extra", None) or _is_terminal(kind):
+            self.kept.append(chunk)
         self._note_event(kind, getattr(response, "status", None))
         return True
 

@@ -6,12 +6,11 @@ wrapper instead of the parsed object, and the body is parsed later by the user's
 ``.parse()`` — possibly into a stream — or read raw. The raw proxies leave every method
 and header as they are and watch ``parse()``/``json()`` (and the close that ends a
 streaming response); a ``with_streaming_response`` proxy also watches the raw reads
-(``read()``, ``text()``, ``iter_bytes()``, ``iter_text()``, ``iter_lines()``): the SSE
-events read that way feed the same :class:`StreamObserver` as ``.parse()``'s chunks, and a
-JSON body read that way is decoded at its end. The user's reads return exactly what the
-SDK returns: a raw reader sees the bytes the server sent, our injected usage chunk
-included. ``copy.copy()`` of a proxy is a proxy of the SDK's copy that shares what the
-proxy learnt (the parsed stream, the raw reads) and ends the same call.
+(``read()``, ``text()``, ``iter_bytes()``, ``iter_text()``, ``iter_lines()``; see
+:class:`RawBody`). The user's reads return exactly what the SDK returns: a raw reader
+sees the bytes the server sent, our injected usage chunk included. ``copy.copy()`` of a
+proxy is a proxy of the SDK's copy that shares what the proxy learnt (the parsed stream,
+the raw reads) and ends the same call.
 """
 
 from __future__ import annotations

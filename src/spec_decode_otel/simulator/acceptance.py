@@ -149,7 +149,7 @@ def expected_acceptance_length(alpha: float, k: int) -> float:
 
 
 def parse_floats(text: str) -> tuple[float, ...]:
-    """'0.9,0.8,0.6' -> (0.9, 0.8, 0.6); used by the CLI and the request headers."""
+    """'0.9,0.8,0.6' -> (0.9, 0.8, 0.6)."""
     return tuple(float(x) for x in text.split(",") if x.strip())
 
 

@@ -4,8 +4,8 @@ A :class:`RequestPlan` holds everything decided before a byte is sent (the sampl
 sequences in ``plan.py``, the engine shape, the faults). Its methods cut every engine's
 payload from those sequences (``shapes.py``), corrupt it as the faults say (``faults.py``)
 and place it where that engine puts it: chat and legacy completions as a body or chunks,
-the Responses API as a ``Response`` or its events. Engines matched to a release field for
-field (vLLM 0.34.0, SGLang 0.5.23, llama.cpp b11312's chat and completions) are
+the Responses API as a ``Response`` or its events. What is matched to a release field for
+field (vLLM 0.34.0, SGLang 0.5.23's streams, llama.cpp b11312, mlx-vlm 0.7.10's chat) is
 rendered by ``releases.py``.
 """
 
@@ -44,6 +44,9 @@ class RequestPlan:
     request_id: str
     created: int
     prompt_tokens: int
+    #: Prompt tokens of each prompt (a legacy completion can send several, each
+    #: answered by ``n`` choices).
+    prompt_counts: tuple[int, ...]
     choices: list[ChoicePlan]
     include_usage: bool
     sglang_details: bool
@@ -51,9 +54,6 @@ class RequestPlan:
     faults: frozenset[str] = field(default_factory=frozenset)
     #: vLLM's ``continuous_usage_stats``: running usage on every chunk.
     continuous_usage: bool = False
-    #: Prompt tokens of each prompt (a legacy completion can send several, each
-    #: answered by ``n`` choices); empty: one prompt of ``prompt_tokens``.
-    prompt_counts: tuple[int, ...] = ()
     #: vLLM's ``--enable-per-request-metrics``: timing fields in root ``metrics``.
     vllm_timing: bool = True
 
@@ -118,7 +118,7 @@ class RequestPlan:
         (``exclude_unset``, ``exclude_none``) leaves the unset per-step keys out
         (``v1/metrics/stats.py`` ``RequestSpecDecodeMetrics.to_dict`` sets them only when
         populated)."""
-        if self.engine != "vllm" or not self.single:
+        if not self.vllm or not self.single:
             return None
         gen = self.choices[0].generation
         if self.vllm_timing:
@@ -164,8 +164,8 @@ class RequestPlan:
 
     def prompt_tokens_of(self, choice: ChoicePlan) -> int:
         """The prompt tokens of the prompt ``choice`` answers (each prompt gets ``n``)."""
-        counts = self.prompt_counts or (self.prompt_tokens,)
-        return counts[choice.index // max(len(self.choices) // len(counts), 1)]
+        per_prompt = len(self.choices) // len(self.prompt_counts)
+        return self.prompt_counts[choice.index // per_prompt]
 
     def llamacpp_timings(self, choice: ChoicePlan | None = None) -> JSON:
         """Root ``timings`` of one sequence (default: the first): llama.cpp counts each

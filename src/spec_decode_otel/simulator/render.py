@@ -148,7 +148,7 @@ class RequestPlan:
         for c in self.choices:
             if c.generation.num_spec_steps == 0:
                 continue
-            d = shapes.sglang_details(c.generation, self.profile, histogram=self.engine == "sglang")
+            d = shapes.sglang_details(c.generation, histogram=self.engine == "sglang")
             F.corrupt_stats(d, "sglang", self.faults)
             details.append(d)
         if not details:
@@ -203,7 +203,6 @@ class RequestPlan:
         if self.engine in SGLANG_FAMILY and self.sglang_meta:
             meta = shapes.sglang_meta_info(
                 gen,
-                self.profile,
                 self.request_id,
                 choice.finish_reason,
                 self.prompt_tokens,

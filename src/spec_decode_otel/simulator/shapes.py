@@ -58,7 +58,7 @@ VLLM_SYSTEM_FINGERPRINT = "vllm-0.34.0-5ec0de0d"
 SGLANG_WEIGHT_VERSION = "default"
 
 
-def sglang_details(gen: Generation, profile: AcceptanceProfile, histogram: bool = True) -> JSON:
+def sglang_details(gen: Generation, histogram: bool = True) -> JSON:
     """``sglext.spec_tokens_details`` (SGLang 0.5.23 ``SpecTokensDetails``, its key order).
 
     SGLang's ``spec_accept_length`` is completion_tokens / verify steps (the prefill token
@@ -95,7 +95,6 @@ def smg_completion_tokens_details(gen: Generation) -> JSON:
 
 def sglang_meta_info(
     gen: Generation,
-    profile: AcceptanceProfile,
     request_id: str,
     finish: str,
     prompt: int,
@@ -143,7 +142,7 @@ def sglang_meta_info(
         "e2e_latency": round((12.0 + 6.0 * gen.num_spec_steps) / 1000.0, 6),
     }
     if gen.num_spec_steps > 0:
-        spec = sglang_details(gen, profile, histogram=engine != "sglang-no-histogram")
+        spec = sglang_details(gen, histogram=engine != "sglang-no-histogram")
         for key in (
             "spec_accept_rate",
             "spec_accept_length",

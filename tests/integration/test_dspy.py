@@ -84,9 +84,14 @@ class ShapedRelay(Relay):
     #: An SSE error event put after a stream's first event (as a server that fails
     #: mid-stream sends it), the rest of the stream dropped.
     error_event: dict[str, Any] | None = None
+    #: An error status and JSON body answered in place of the simulator's answer.
+    error_answer: tuple[int, dict[str, Any]] | None = None
 
     def forward(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, bytes]:
         status, content_type, payload = super().forward(path, {**headers, **self.headers}, body)
+        if self.error_answer is not None:
+            status, error = self.error_answer
+            return status, "application/json", json.dumps(error).encode()
         if self.error_event is None or status != 200 or not json.loads(body).get("stream"):
             return status, content_type, payload
         first = payload.decode().split("\n\n")[0]
@@ -442,6 +447,51 @@ async def test_an_error_status_from_the_server_ends_the_span_with_lm15s_error(
     assert attrs["spec_decode.outcome"] == "error"
     assert span_counter.open == 0
     assert otel.requests_by_outcome() == {"error": 1}
+    await closed(lm, mode)
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "lm15_class"),
+    [
+        (400, "context_length_exceeded", "ContextLengthError"),
+        (429, "insufficient_quota", "BillingError"),
+    ],
+)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_an_error_status_is_typed_by_its_body_as_lm15_types_it(
+    mode: str,
+    status: int,
+    code: str,
+    lm15_class: str,
+    otel: Otel,
+    span_counter: SpanCounter,
+    relay: ShapedRelay,
+    no_internal_errors: None,
+) -> None:
+    """An error answer in OpenAI's envelope (``{"error": {"message", "type", "code"}}``, as
+    OpenAI and the gateways in front of engines send it): lm15's ``_http_error``
+    (``dspy/_vendor/lm15/providers/base.py``, DSPy 3.4.1) raises what the provider's
+    ``normalize_error`` makes of the status and body, and ``OpenAIChatLM`` borrows
+    ``OpenAILM.normalize_error`` (``providers/openai.py``), which types the error by its
+    code: ``ContextLengthError`` where the status alone says ``InvalidRequestError``,
+    ``BillingError`` where it says ``RateLimitError``. The span's ``error.type`` is the
+    class DSPy's error is caused by, not the status's."""
+    relay.shape("vllm", seed_for("lm15-typed", str(status), mode))
+    relay.error_answer = (
+        status,
+        {"error": {"message": f"refused: {code}", "type": "invalid_request_error", "code": code}},
+    )
+    otel.instrument()
+    lm = plain_lm("openai", relay, num_retries=0)
+    with pytest.raises(Exception, match="refused") as raised:
+        await predict(lm, mode)
+    assert type(raised.value.__cause__).__qualname__ == lm15_class  # lm15's, DSPy's cause
+    (span,) = otel.our_spans()
+    attrs = dict(span.attributes or {})
+    assert span.status.status_code is StatusCode.ERROR
+    assert attrs["error.type"] == lm15_class
+    assert attrs["spec_decode.outcome"] == "error"
+    assert span_counter.open == 0
     await closed(lm, mode)
 
 

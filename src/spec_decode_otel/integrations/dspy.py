@@ -32,8 +32,8 @@ when it is not ours, is uninstrumented, or fails. The request is kept only witho
 content (``request_kept``), as the LiteLLM callback keeps it.
 
 A failed request ends with the class of error lm15 raises for it: the exception itself,
-the class ``map_http_error`` gives an HTTP error status (the mapping lm15's
-``_http_error`` uses), or the one ``error_class_for_code`` gives a stream's error event
+the class the provider's ``normalize_error`` gives an HTTP error status and body (what
+lm15's ``_http_error`` raises), or the one ``error_class_for_code`` gives a stream's error event
 (as DSPy's ``stream_guard`` raises). A stream ends when read to its end, when lm15 or
 DSPy closes it (``coalesce_stream``, ``closing_stream``), or, dropped unread to its end,
 when the garbage collector reclaims it (on the finalizer's thread, like the openai
@@ -156,7 +156,6 @@ def _on_import(_module: Any) -> None:
                 return  # another lm15: its request path is not the one read here
             _lm15.update(
                 chat=(openai_chat.OpenAIChatLM, async_base.AsyncOpenAIChatLM),
-                map_http_error=errors.map_http_error,
                 error_class_for_code=errors.error_class_for_code,
             )
             for cls, name, wrapper in targets:
@@ -299,11 +298,16 @@ def _end(call: Call, instance: Any, response: Any) -> None:
 
 
 def _status_error(instance: Any, status: int, body: Any) -> BaseException:
-    """The error lm15's ``_http_error`` makes of this status (only its class is read)."""
-    text = bytes(body[:MAX_ERROR_BODY]).decode("utf-8", errors="replace").strip()[:500]
-    error: BaseException = _lm15["map_http_error"](
-        status, text or f"HTTP {status}", provider=getattr(instance, "provider", None)
-    )
+    """The error lm15's ``_http_error`` makes of this status and body (only its class is
+    read): the provider's own ``normalize_error``, which reads the error envelope's code
+    (``OpenAIChatLM`` borrows ``OpenAILM``'s: ``context_length_exceeded`` is a
+    ``ContextLengthError``, ``insufficient_quota`` on a 429 a ``BillingError``), not the
+    status alone. Whatever it raises instead is what lm15 would raise."""
+    text = bytes(body[:MAX_ERROR_BODY]).decode("utf-8", errors="replace")
+    try:
+        error: BaseException = instance.normalize_error(status, text)
+    except Exception as exc:
+        return exc
     return error
 
 

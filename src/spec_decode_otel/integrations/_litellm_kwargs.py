@@ -93,9 +93,7 @@ class SdkShaped:
             moved = getattr(choice, "provider_specific_fields", None)
             if isinstance(moved, Mapping) and moved:
                 fields["provider_specific_fields"] = moved  # the choice view folds them back
-            reason = (
-                (moved or {}).get("native_finish_reason") if isinstance(moved, Mapping) else None
-            )
+            reason = moved.get("native_finish_reason") if isinstance(moved, Mapping) else None
             index = getattr(choice, "index", position)
             choices.append(
                 _Choice(
@@ -165,9 +163,15 @@ def sent_by_responses_handler(kwargs: Mapping[str, Any]) -> bool:
     """
     if not responses_call(kwargs):
         return False
+    body = request_body(kwargs)
+    return body is not None and "input" in body and "messages" not in body
+
+
+def request_body(kwargs: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The JSON body LiteLLM built for the request (logged before it sends it)."""
     additional = kwargs.get("additional_args")
     body = additional.get("complete_input_dict") if isinstance(additional, Mapping) else None
-    return isinstance(body, Mapping) and "input" in body and "messages" not in body
+    return body if isinstance(body, Mapping) else None
 
 
 def include_usage(kwargs: Mapping[str, Any]) -> bool:
@@ -198,6 +202,12 @@ def server(kwargs: Mapping[str, Any]) -> tuple[str | None, int | None]:
     return parts.hostname or None, port
 
 
+def server_name(kwargs: Mapping[str, Any]) -> str:
+    """``host:port`` of the endpoint LiteLLM called, as the openai wrapper notes it."""
+    host, port = server(kwargs)
+    return f"{host}:{port}"
+
+
 def attempt_start(kwargs: Mapping[str, Any]) -> datetime | None:
     """When this attempt's request began (the call's start is the first attempt's)."""
     for name in ("current_attempt_api_call_start_time", "api_call_start_time", "start_time"):
@@ -205,6 +215,11 @@ def attempt_start(kwargs: Mapping[str, Any]) -> datetime | None:
         if isinstance(stamp, datetime):
             return stamp
     return None
+
+
+def now_beside(stamp: datetime | None) -> datetime | None:
+    """Now, in ``stamp``'s time zone (LiteLLM's stamps may be naive); None without one."""
+    return None if stamp is None else datetime.now(stamp.tzinfo)
 
 
 def nanoseconds(moment: Any) -> int | None:

@@ -4,9 +4,9 @@ LiteLLM's ``hosted_vllm/`` chat route posts with its own HTTP client, so the ope
 never sees it. ``SpecDecodeLiteLLMCallback`` is a LiteLLM callback (LiteLLM's supported
 extension point, ``litellm.integrations.custom_logger.CustomLogger``) that turns what
 LiteLLM keeps of each response into the same record, span and metric points the openai
-wrapper makes for the same server response, through the same path (``Call``, telemetry,
-hints). ``SpecDecodeInstrumentor().instrument()`` registers one when the application imports
-``litellm``; without the instrumentor, one line does it::
+wrapper makes for the same server response. ``SpecDecodeInstrumentor().instrument()``
+registers one when the application imports ``litellm``; without the instrumentor, one line
+does it::
 
     litellm.callbacks.append(SpecDecodeLiteLLMCallback())  # same keywords as instrument()
 
@@ -55,7 +55,6 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import wrapt
@@ -68,7 +67,7 @@ from spec_decode_otel._attributes import current_attributes
 from spec_decode_otel._fork import fork_safe_lock
 from spec_decode_otel._logging import report_internal_error, warn_once
 from spec_decode_otel.instrumentation import _build, finalizer
-from spec_decode_otel.instrumentation.call import Call, CallPlan, finish_reasons
+from spec_decode_otel.instrumentation.call import Call, finish_reasons
 from spec_decode_otel.instrumentation.streams import _StreamProxyBase
 from spec_decode_otel.instrumentation.wrapper import (
     Instrumentation,
@@ -279,11 +278,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             return
 
         def make() -> _Started:
-            additional = kwargs.get("additional_args")
-            body = (
-                additional.get("complete_input_dict") if isinstance(additional, Mapping) else None
-            )
-            body = body if isinstance(body, Mapping) else None
+            body = wire.request_body(kwargs)
             return _Started(
                 SdkMark(),
                 otel_context.get_current(),
@@ -328,25 +323,19 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         if started is None:
             return
         original = kwargs.get("original_response")
-        deferred = (
-            inspect.isawaitable(original)
-            or inspect.isgenerator(original)
-            or inspect.isasyncgen(original)
-        )
         if inspect.isgenerator(original) or inspect.isasyncgen(original):
             # A stream sent when first read: what the caller holds iterates this
             # generator (a text completion's), and drops it with it.
             started.sender = weakref.ref(
                 original, functools.partial(_sender_reclaimed, _kept(kwargs))
             )
-        if not deferred:
+        elif not inspect.isawaitable(original):
             if last_sdk_request.get() > started.mark.started:
                 started.mark.via_sdk = True
             started.mark.decided = True
             if kwargs.get("stream") is not True and wire.logged_body(original) is not None:
                 stamp = wire.attempt_start(kwargs)
-                now = datetime.now(stamp.tzinfo) if stamp is not None else None
-                self._ended(kwargs, None, stamp, now)
+                self._ended(kwargs, None, stamp, wire.now_beside(stamp))
 
     # -- call end -----------------------------------------------------------------------
 
@@ -369,38 +358,35 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             started = _calls.end(call_id)
             if started is None:
                 return  # already recorded, or never started here
-            streamed = not failed and kwargs.get("stream") is True
-            # Both are read: a stream's note is taken even when the mark already tells.
-            noted = (streamed and _wrapper_streamed(kwargs, response, started.mark.started)) or (
-                failed and _wrapper_stream_failed(kwargs)
-            )
+            # The openai wrapper noted reading this stream: LiteLLM's response carries the
+            # id of the server's chunks. Or it recorded this failure: LiteLLM's exception
+            # is (or was caused by) the error an SDK stream raised through the wrapper,
+            # which LiteLLM reports without the response id. Both are read, so a note is
+            # taken even when the mark already tells.
+            if failed:
+                noted = took_openai_stream_error(kwargs.get("exception"), wire.server_name(kwargs))
+            else:
+                noted = kwargs.get("stream") is True and took_openai_stream(
+                    getattr(response, "id", None), wire.server_name(kwargs), started.mark.started
+                )
             if started.mark.went_through_sdk() or noted:
                 return  # the openai wrapper's
             started.mark.decided = True
-            self._record(kwargs, operation, started, response, start_time, end_time, failed)
+            self._record(kwargs, operation, started, response, start_time, end_time, failed=failed)
         except Exception:
             report_internal_error("litellm.end")
 
     def _dropped(self, kwargs: Mapping[str, Any], started: _Started, end_time: Any) -> None:
-        """A stream the caller dropped before its end, which LiteLLM never reports:
-        ended ``not_read_to_end``, as the openai wrapper ends an SDK stream dropped early,
-        when LiteLLM's own handler read it (the mark says so). The openai wrapper's own
-        stream proxy ends a stream it read; a call whose route stayed unknown is only
-        forgotten."""
+        """A stream the caller dropped before its end, which LiteLLM never reports: ended
+        ``not_read_to_end`` when LiteLLM's own handler read it (the mark says so). The
+        openai wrapper's stream proxy ends one it read; a call whose route stayed unknown
+        is only forgotten."""
         operation = OPERATIONS.get(kwargs.get("call_type"))  # type: ignore[arg-type]
         mark = started.mark
         if not self._enabled or operation is None or mark.via_sdk or not mark.decided:
             return
-        self._record(
-            kwargs,
-            operation,
-            started,
-            None,
-            wire.attempt_start(kwargs),
-            end_time,
-            failed=False,
-            read_to_end=False,
-        )
+        start_time = wire.attempt_start(kwargs)
+        self._record(kwargs, operation, started, None, start_time, end_time, read_to_end=False)
 
     def _record(
         self,
@@ -410,86 +396,15 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         response: Any,
         start_time: Any,
         end_time: Any,
-        failed: bool,
         *,
+        failed: bool = False,
         read_to_end: bool = True,
     ) -> None:
         streaming = kwargs.get("stream") is True
         responses_api = wire.responses_call(kwargs)
         include_usage = responses_api or wire.include_usage(kwargs)
-        call = Call(
-            self._plan(kwargs, operation, started, start_time, end_time, streaming, include_usage)
-        )
-        # The call began when LiteLLM's did, not now: durations count from there.
-        elapsed = wire.seconds(start_time, end_time)
-        if elapsed is not None:
-            call.started = time.perf_counter() - elapsed
-        if failed:
-            error = kwargs.get("exception")
-            call.finish_error(error if isinstance(error, BaseException) else RuntimeError("failed"))
-            return
-        first = wire.seconds(start_time, kwargs.get("completion_start_time"))
-        first_chunk_at = None if first is None else call.started + first
-        if not read_to_end:  # a stream dropped before its end: nothing of it is kept
-            call.finish_stream(
-                [],
-                response_model=None,
-                finish_reasons=(),
-                multi_sequence=False,
-                first_chunk_at=first_chunk_at,
-                read_to_end=False,
-            )
-            return
-        if not streaming or responses_api:
-            body = wire.kept_body(kwargs, response)
-            if streaming:  # a Responses stream, ended with its completed response
-                call.finish_stream(
-                    [body],
-                    response_model=(
-                        body.get("model")
-                        if isinstance(body, Mapping)
-                        else getattr(body, "model", None)
-                    ),
-                    finish_reasons=finish_reasons(body),
-                    multi_sequence=False,
-                    first_chunk_at=first_chunk_at,
-                    read_to_end=True,
-                )
-            elif isinstance(body, Mapping):
-                call.finish_dict(body)
-            else:
-                call.finish_object(body)
-            return
-        warn_once(
-            "litellm-stream",
-            "LiteLLM rebuilds the chunks of streams it reads itself and drops their "
-            "spec-decode stats: these calls get no record. Stream through the openai/ "
-            "provider (with api_base) under SpecDecodeInstrumentor, or do not stream.",
-        )
-        view = wire.SdkShaped.of(response, keep_usage=include_usage)
-        call.finish_stream(
-            [view],
-            response_model=view.model if isinstance(view.model, str) else None,
-            finish_reasons=[
-                c.finish_reason for c in view.choices if isinstance(c.finish_reason, str)
-            ],
-            multi_sequence=len(view.choices) > 1 or any(c.index for c in view.choices),
-            first_chunk_at=first_chunk_at,
-            read_to_end=True,
-        )
-
-    def _plan(
-        self,
-        kwargs: Mapping[str, Any],
-        operation: str,
-        started: _Started,
-        start_time: Any,
-        end_time: Any,
-        streaming: bool,
-        include_usage: bool,
-    ) -> CallPlan:
-        """The openai wrapper's plan for this call (same attributes, same coexistence
-        rules), decided now with what was current when the call started."""
+        # The openai wrapper's plan (same attributes, same coexistence rules), decided now
+        # with what was current when the call started.
         plan = self._instrumentation.plan(
             operation,
             model=kwargs.get("model"),
@@ -502,10 +417,55 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             include_usage=include_usage,
             start_time=wire.nanoseconds(start_time),
         )
-        if not plan.own_span:
-            return plan
-        ends_at: Any = _EndsAt(plan.span, wire.nanoseconds(end_time))
-        return dataclasses.replace(plan, span=ends_at)
+        if plan.own_span:
+            ends_at: Any = _EndsAt(plan.span, wire.nanoseconds(end_time))
+            plan = dataclasses.replace(plan, span=ends_at)
+        call = Call(plan)
+        # The call began when LiteLLM's did, not now: durations count from there.
+        elapsed = wire.seconds(start_time, end_time)
+        if elapsed is not None:
+            call.started = time.perf_counter() - elapsed
+        if failed:
+            error = kwargs.get("exception")
+            call.finish_error(error if isinstance(error, BaseException) else RuntimeError("failed"))
+            return
+        if read_to_end and not streaming:
+            body = wire.kept_body(kwargs, response)
+            if isinstance(body, Mapping):
+                call.finish_dict(body)
+            else:
+                call.finish_object(body)
+            return
+        first = wire.seconds(start_time, kwargs.get("completion_start_time"))
+        chunks: list[Any] = []  # a stream dropped before its end: nothing of it is kept
+        model: Any = None
+        reasons: list[Any] = []
+        multi_sequence = False
+        if read_to_end and responses_api:  # ended with its completed response
+            body = wire.kept_body(kwargs, response)
+            chunks = [body]
+            model = body.get("model") if isinstance(body, Mapping) else getattr(body, "model", None)
+            reasons = finish_reasons(body)
+        elif read_to_end:
+            warn_once(
+                "litellm-stream",
+                "LiteLLM rebuilds the chunks of streams it reads itself and drops their "
+                "spec-decode stats: these calls get no record. Stream through the openai/ "
+                "provider (with api_base) under SpecDecodeInstrumentor, or do not stream.",
+            )
+            view = wire.SdkShaped.of(response, keep_usage=include_usage)
+            chunks = [view]
+            model = view.model if isinstance(view.model, str) else None
+            reasons = [c.finish_reason for c in view.choices if isinstance(c.finish_reason, str)]
+            multi_sequence = len(view.choices) > 1 or any(c.index for c in view.choices)
+        call.finish_stream(
+            chunks,
+            response_model=model,
+            finish_reasons=reasons,
+            multi_sequence=multi_sequence,
+            first_chunk_at=None if first is None else call.started + first,
+            read_to_end=read_to_end,
+        )
 
 
 class _EndsAt(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from wrapt 2
@@ -762,8 +722,7 @@ def _queue_end(logging_obj: Any, sdk_stream: bool) -> None:
 
 
 def _queue(kept: Mapping[str, Any], sdk_stream: bool) -> None:
-    stamp = wire.attempt_start(kept)
-    now = datetime.now(stamp.tzinfo) if stamp is not None else None
+    now = wire.now_beside(wire.attempt_start(kept))
     finalizer.defer(functools.partial(_forget_dropped, kept, now, sdk_stream))
 
 
@@ -789,21 +748,6 @@ def _report(error: Exception) -> None:
         raise error
     except Exception:
         report_internal_error("litellm.stream_reclaimed")
-
-
-def _wrapper_streamed(kwargs: Mapping[str, Any], response: Any, since: int) -> bool:
-    """The openai wrapper read this stream: LiteLLM's response carries the id of the
-    server's chunks, and the wrapper noted a stream with that id from the same server."""
-    host, port = wire.server(kwargs)
-    return took_openai_stream(getattr(response, "id", None), f"{host}:{port}", since)
-
-
-def _wrapper_stream_failed(kwargs: Mapping[str, Any]) -> bool:
-    """The openai wrapper recorded this failure: LiteLLM's exception is (or was caused
-    by) the error an SDK stream to the same server raised through the wrapper. LiteLLM
-    reports a stream's failure without its response id, so the id cannot tell."""
-    host, port = wire.server(kwargs)
-    return took_openai_stream_error(kwargs.get("exception"), f"{host}:{port}")
 
 
 __all__ = ["SpecDecodeLiteLLMCallback"]

@@ -656,7 +656,7 @@ async def test_uninstrument_puts_back_litellms_stream_finalizer_and_instrument_w
 
 
 @pytest.mark.parametrize("route", ["hosted_vllm", "openai"])
-def test_a_call_kept_open_keeps_no_prediction_content(
+async def test_a_call_kept_open_keeps_no_prediction_content(
     route: str, otel: Otel, simulator_url: str
 ) -> None:
     """A ``prediction`` (OpenAI's Predicted Outputs, which LiteLLM 1.110.2 sends on both

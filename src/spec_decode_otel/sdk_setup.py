@@ -193,10 +193,15 @@ def _exporter_class(signal: str, name: str) -> Any:
     for entry_point in found:
         if entry_point.name == wanted:
             return entry_point.load()
-    named = repr(name) if wanted == name else f"{name!r} ({wanted})"
+    known = ", ".join(sorted({e.name for e in found}))
+    if name == "otlp":  # the default: the user may have named no exporter at all
+        raise ValueError(
+            f"no installed package provides the OTLP exporter ({wanted}; known: {known}): "
+            "pip install 'spec-decode-otel[otlp]'"
+        )
     raise ValueError(
-        f"OTEL_{signal}_EXPORTER names {named}, which no installed package provides "
-        f"(known: {', '.join(sorted({e.name for e in found}))})"
+        f"OTEL_{signal}_EXPORTER names {name!r}, which no installed package provides "
+        f"(known: {known})"
     )
 
 
@@ -265,10 +270,10 @@ def _flush_at_child_exit(built: Providers) -> None:
 
 def _refused(what: str, exc: Exception, fallback: str = "") -> None:
     """A RuntimeWarning, at the application's line that called ``setup()``, that
-    ``what`` could not be had from the environment."""
+    ``what`` could not be had from the environment (the OTEL_* variables, or the
+    exporters installed)."""
     warnings.warn(
-        f"spec_decode_otel.setup(): {what}: {exc} (a value of the OTEL_* variables the "
-        f"OpenTelemetry SDK refuses){fallback}",
+        f"spec_decode_otel.setup(): {what}: {exc}{fallback}",
         RuntimeWarning,
         stacklevel=caller_stacklevel(),
     )
@@ -305,7 +310,7 @@ def _tracer_provider(resource: Resource) -> TracerProvider:
     try:
         return TracerProvider(resource=resource, shutdown_on_exit=False)
     except ValueError as exc:
-        _refused("span limits", exc, "; the SDK's defaults are used")
+        _refused("span limits the OTEL_* variables set", exc, "; the SDK's defaults are used")
     # The specification's defaults: 128 of each, attribute values of any length.
     limits = SpanLimits(
         max_attributes=128,
@@ -329,7 +334,11 @@ def _meter_provider(resource: Resource, readers: list[MetricReader]) -> MeterPro
     try:
         return MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
     except ValueError as exc:
-        _refused("exemplar filter", exc, "; the SDK's default, trace_based, is used")
+        _refused(
+            "the exemplar filter the OTEL_* variables set",
+            exc,
+            "; the SDK's default, trace_based, is used",
+        )
     return MeterProvider(
         resource=resource,
         metric_readers=readers,

@@ -192,7 +192,13 @@ def server(kwargs: Mapping[str, Any]) -> tuple[str | None, int | None]:
     base = params.get("api_base") if isinstance(params, Mapping) else None
     if not isinstance(base, str) or not base:
         return None, None
-    parts = urlsplit(base)
+    return url_server(base)
+
+
+def url_server(url: str) -> tuple[str | None, int | None]:
+    """Host and port of ``url`` (``server.address``, ``server.port``): the scheme's
+    default port when it names none, None for a port out of range."""
+    parts = urlsplit(url)
     try:
         port = parts.port
     except ValueError:

@@ -69,7 +69,7 @@ from spec_decode_otel.instrumentation.wrapper import (
     send_within,
     send_within_async,
 )
-from spec_decode_otel.integrations._litellm_kwargs import request_kept
+from spec_decode_otel.integrations._litellm_kwargs import request_kept, url_server
 from spec_decode_otel.sse import decode_json
 
 #: The module whose import brings every class wrapped here (it imports ``base`` and
@@ -223,16 +223,13 @@ def _pending(instance: Any, req: Any) -> _Pending | None:
             return None
         if req is None or str(getattr(req, "method", "")).upper() != "POST":
             return None
-        url = urlsplit(str(req.url))
-        if not url.path.endswith(CHAT_PATH):
+        url = str(req.url)
+        if not urlsplit(url).path.endswith(CHAT_PATH):
             return None
         body = decode_json(req.body)
         if not isinstance(body, Mapping):
             return None
-        port = url.port
-        if port is None:
-            port = {"https": 443, "http": 80}.get(url.scheme)
-        return _Pending(request_kept(body), (url.hostname or None, port))
+        return _Pending(request_kept(body), url_server(url))
     except Exception:
         report_internal_error("dspy.start")
         return None

@@ -172,6 +172,10 @@ _ENTRY_POINTS = {
 }
 
 
+class _NotInstalled(ValueError):
+    """No installed package provides the exporter a name asks for."""
+
+
 def _exporter_class(signal: str, name: str) -> Any:
     """The class the ``name`` entry point of ``signal``'s group loads; ``ValueError``
     naming the variable when no installed package provides it.
@@ -195,11 +199,11 @@ def _exporter_class(signal: str, name: str) -> Any:
             return entry_point.load()
     known = ", ".join(sorted({e.name for e in found}))
     if name == "otlp":  # the default: the user may have named no exporter at all
-        raise ValueError(
+        raise _NotInstalled(
             f"no installed package provides the OTLP exporter ({wanted}; known: {known}): "
             "pip install 'spec-decode-otel[otlp]'"
         )
-    raise ValueError(
+    raise _NotInstalled(
         f"OTEL_{signal}_EXPORTER names {name!r}, which no installed package provides "
         f"(known: {known})"
     )
@@ -295,7 +299,12 @@ def _exporters(signal: str, kind: str, build: Callable[[str], _T]) -> list[tuple
             exporter = build(name)
         except Exception as exc:  # whatever an exporter raises, the application starts
             what = kind if name == "otlp" else f"{kind} (exporter {name!r})"
-            _refused(f"{what} are not exported", exc)
+            # The SDK's own messages do not all name the variable ("could not convert
+            # string to float: 'abc'" for OTEL_EXPORTER_OTLP_TIMEOUT=abc).
+            tail = ""
+            if not isinstance(exc, _NotInstalled):
+                tail = " (an OTEL_* value the OpenTelemetry SDK refuses)"
+            _refused(f"{what} are not exported", exc, tail)
             continue
         built.append((exporter, _destination(signal, name)))
     return built

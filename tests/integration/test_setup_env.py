@@ -411,8 +411,15 @@ def test_an_exporter_name_nothing_provides_warns_naming_it_and_exports_no_otlp(
             ["span limits", "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT"],
             {"spans", "metrics"},
         ),
+        (
+            # The exporter's own message names no variable ("could not convert string to
+            # float: 'abc'"): the warning says it is an OTEL_* value.
+            {"OTEL_EXPORTER_OTLP_TIMEOUT": "abc"},
+            ["spans are not exported", "'abc' (an OTEL_* value the OpenTelemetry SDK refuses)"],
+            set(),
+        ),
     ],
-    ids=["grpc-compression", "exemplar-filter", "attribute-count", "negative-length"],
+    ids=["grpc-compression", "exemplar-filter", "attribute-count", "negative-length", "timeout"],
 )
 def test_an_otel_value_the_sdk_refuses_never_stops_the_application(
     simulator_url: str,

@@ -15,7 +15,6 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from typing import Any
 
 import wrapt
@@ -24,6 +23,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 
 from spec_decode_otel._logging import logger, report_internal_error
 from spec_decode_otel.instrumentation.genai_metrics import GenAiMetrics
+from spec_decode_otel.instrumentation.patches import Patches
 from spec_decode_otel.instrumentation.settings import Settings
 from spec_decode_otel.instrumentation.wrapper import Instrumentation
 from spec_decode_otel.integrations import note_openai_request, unwatch_litellm, watch_litellm
@@ -101,7 +101,7 @@ class SpecDecodeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     _identity: tuple[Any, ...] | None = None
     #: Whether the current instrumentation was given keywords in code (see _given).
     _given_in_code = False
-    _patches: list[_Patch] = []
+    _patches = Patches("unpatch")
     _lock = threading.Lock()
 
     def instrumentation_dependencies(self) -> Collection[str]:
@@ -142,17 +142,13 @@ class SpecDecodeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         import openai._base_client as base_client
 
         instrumentation, identity = _build(dict(kwargs))
-        patches = []
         for base, wrapper in (
             (base_client.SyncAPIClient, _sync_wrapper(instrumentation)),
             (base_client.AsyncAPIClient, _async_wrapper(instrumentation)),
         ):
             for cls in _classes_defining_request(base):
-                original = cls.__dict__[_METHOD]
-                patched = wrapt.FunctionWrapper(original, wrapper)
-                setattr(cls, _METHOD, patched)
-                patches.append(_Patch(cls, original, patched))
-        SpecDecodeInstrumentor._patches = patches
+                patched = wrapt.FunctionWrapper(cls.__dict__[_METHOD], wrapper)
+                SpecDecodeInstrumentor._patches.set(cls, _METHOD, patched)
         SpecDecodeInstrumentor._instrumentation = instrumentation
         SpecDecodeInstrumentor._identity = identity
         SpecDecodeInstrumentor._given_in_code = _given(kwargs)
@@ -166,22 +162,10 @@ class SpecDecodeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _uninstrument(self, **kwargs: Any) -> None:
         unwatch_litellm()
         unwatch_dspy()
-        # Put back what each attribute held, unless someone has since replaced or wrapped
-        # our wrapper: theirs stays, and ours inside it now passes every call through.
-        for patch in reversed(SpecDecodeInstrumentor._patches):
-            if patch.cls.__dict__.get(_METHOD) is patch.patched:
-                setattr(patch.cls, _METHOD, patch.original)
-        SpecDecodeInstrumentor._patches = []
+        SpecDecodeInstrumentor._patches.restore()
         SpecDecodeInstrumentor._instrumentation = None
         SpecDecodeInstrumentor._identity = None
         SpecDecodeInstrumentor._given_in_code = False
-
-
-@dataclass(frozen=True)
-class _Patch:
-    cls: type
-    original: Any
-    patched: Any
 
 
 def _classes_defining_request(base: type) -> list[type]:

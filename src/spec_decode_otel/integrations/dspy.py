@@ -62,6 +62,7 @@ from spec_decode_otel._attributes import current_attributes
 from spec_decode_otel._logging import report_internal_error
 from spec_decode_otel.instrumentation import finalizer
 from spec_decode_otel.instrumentation.call import Call
+from spec_decode_otel.instrumentation.patches import Patches
 from spec_decode_otel.instrumentation.streams import StreamObserver
 from spec_decode_otel.instrumentation.wrapper import (
     Instrumentation,
@@ -84,8 +85,8 @@ _lock = threading.Lock()
 #: The instrumentation recording lm15's calls, or None.
 _active: Instrumentation | None = None
 _hook_registered = False
-#: (class, attribute, original, our wrapper) for each method wrapped.
-_patches: list[tuple[type, str, Any, Any]] = []
+#: The methods wrapped.
+_patches = Patches("dspy.unpatch")
 #: The instrumentation ``_patches`` were made for.
 _patched_for: Instrumentation | None = None
 #: What the wrappers need of lm15, set when its module is imported.
@@ -124,13 +125,7 @@ def unwatch_dspy() -> None:
 def _restore() -> None:
     """Put back what ``_patches`` wrapped (under ``_lock``)."""
     global _patched_for
-    for cls, name, original, patched in reversed(_patches):
-        try:
-            if cls.__dict__.get(name) is patched:
-                setattr(cls, name, original)
-        except Exception:
-            report_internal_error("dspy.unpatch")
-    _patches.clear()
+    _patches.restore()
     _patched_for = None
 
 
@@ -159,17 +154,15 @@ def _on_import(_module: Any) -> None:
                 error_class_for_code=errors.error_class_for_code,
             )
             for cls, name, wrapper in targets:
-                original = cls.__dict__[name]
                 # Ours records only while its own instrumentation is the active one: one
                 # left inside someone else's wrapper by an uninstrument, then instrumenting
                 # again, passes every call through (no call is recorded twice).
                 patched = wrapt.FunctionWrapper(
-                    original,
+                    cls.__dict__[name],
                     partial(wrapper, instrumentation),
                     enabled=lambda: _active is instrumentation,
                 )
-                setattr(cls, name, patched)
-                _patches.append((cls, name, original, patched))
+                _patches.set(cls, name, patched)
             _patched_for = instrumentation
     except Exception:
         report_internal_error("dspy.patch")

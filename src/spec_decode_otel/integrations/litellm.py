@@ -68,6 +68,7 @@ from spec_decode_otel._fork import fork_safe_lock
 from spec_decode_otel._logging import report_internal_error, warn_once
 from spec_decode_otel.instrumentation import _build, finalizer
 from spec_decode_otel.instrumentation.call import Call, finish_reasons
+from spec_decode_otel.instrumentation.patches import ABSENT, Patches
 from spec_decode_otel.instrumentation.streams import _StreamProxyBase
 from spec_decode_otel.instrumentation.wrapper import (
     Instrumentation,
@@ -496,10 +497,8 @@ _watch_lock = threading.Lock()
 #: Callbacks set up and not unregistered: LiteLLM's stream classes stay patched while
 #: one of them lives.
 _watchers: weakref.WeakSet[SpecDecodeLiteLLMCallback] = weakref.WeakSet()
-#: What :func:`_watch_dropped_streams` set: (class, name, LiteLLM's own value or
-#: ``_ABSENT``, ours).
-_patches: list[tuple[type, str, Any, Any]] = []
-_ABSENT = object()
+#: What :func:`_watch_dropped_streams` set.
+_patches = Patches("litellm.unwatch_streams")
 #: ``CustomStreamWrapper``'s own ``__next__`` and ``__anext__``: only a stream iterated by
 #: them has the state :func:`_stream_reclaimed` reads.
 _own_iteration: tuple[Any, Any] | None = None
@@ -565,7 +564,7 @@ def _calling(reclaimed: Any) -> Any:
     """What to set as ``__del__``: LiteLLM's own (if any), then ``reclaimed(stream)``."""
 
     def ours_for(own: Any) -> Any:
-        if own is _ABSENT:
+        if own is ABSENT:
 
             def __del__(self: Any) -> None:
                 reclaimed(self)
@@ -577,12 +576,8 @@ def _calling(reclaimed: Any) -> Any:
 
 
 def _patch(cls: type, name: str, ours_for: Any) -> None:
-    """Set ``ours_for(LiteLLM's own)`` as ``cls.name``, and remember both (under
-    ``_watch_lock``)."""
-    own = vars(cls).get(name, _ABSENT)
-    ours = ours_for(own)
-    setattr(cls, name, ours)
-    _patches.append((cls, name, own, ours))
+    """Set ``ours_for(LiteLLM's own)`` as ``cls.name`` (under ``_watch_lock``)."""
+    _patches.set(cls, name, ours_for(vars(cls).get(name, ABSENT)))
 
 
 def _unwatch_dropped_streams(callback: SpecDecodeLiteLLMCallback) -> None:
@@ -594,16 +589,7 @@ def _unwatch_dropped_streams(callback: SpecDecodeLiteLLMCallback) -> None:
         _watchers.discard(callback)
         if _watchers:
             return
-        for cls, name, own, ours in reversed(_patches):
-            try:
-                if vars(cls).get(name) is ours:
-                    if own is _ABSENT:
-                        delattr(cls, name)
-                    else:
-                        setattr(cls, name, own)
-            except Exception:
-                report_internal_error("litellm.unwatch_streams")
-        _patches.clear()
+        _patches.restore()
     _calls.forget_all()
 
 

@@ -234,7 +234,9 @@ def test_check_against_a_hung_server_stops_at_its_timeout_in_all(trickle: bool) 
         out, err = proc.communicate(timeout=60)
         took = time.monotonic() - began
     assert "Traceback" not in err, err
-    assert timeout - 0.5 < took < timeout + 1.5, (took, out)
+    # The defects this pins took three times the timeout, or never ended; the margin
+    # above the timeout is the interpreter's exit, which a loaded machine stretches.
+    assert timeout - 0.5 < took < timeout + 3.0, (took, out)
     for probe in PROBES:
         found = re.search(rf"^  {re.escape(probe)}\s+error\s+\S", out, re.M)
         assert found, out

@@ -8,7 +8,9 @@ and silent), and a call is still recorded.
 
 from __future__ import annotations
 
+import re
 import warnings
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -91,3 +93,62 @@ def test_a_negative_per_step_max_length_keyword_is_an_error() -> None:
     with pytest.raises(ValueError, match="per_step_max_length"):
         Settings.from_env(per_step_max_length=-1)
     assert Settings.from_env(per_step_max_length=0).per_step_max_length == 0
+
+
+MISSPELT = [
+    ("RECORD_PER_STEPS", "RECORD_PER_STEP"),
+    ("PER_STEP_MAX_LEN", "PER_STEP_MAX_LENGTH"),
+    ("INJECT_USAGE", "INJECT_INCLUDE_USAGE"),
+    ("INCLUDE_USAGE", "INJECT_INCLUDE_USAGE"),
+    ("TRACEPARENT", "INJECT_TRACEPARENT"),
+    ("GENAI_METRIC", "GENAI_METRICS"),
+    ("METRICS_ATTRIBUTES", "METRIC_ATTRIBUTES"),
+    ("REQUEST_ENGINE_STAT", "REQUEST_ENGINE_STATS"),
+    ("MODES", "MODE"),
+]
+
+
+@pytest.mark.parametrize(("typo", "meant"), MISSPELT, ids=[typo for typo, _ in MISSPELT])
+def test_a_misspelt_variable_warns_and_names_the_one_it_is_close_to(
+    typo: str, meant: str, monkeypatch: pytest.MonkeyPatch, otel: Otel
+) -> None:
+    """``SPEC_DECODE_OTEL_RECORD_PER_STEPS=true`` was never read and said nothing: the
+    user saw no per-step arrays and no reason. A name close to one of README's variables
+    warns, naming both; the setting keeps its default (the misspelt name is not read)."""
+    monkeypatch.setenv(f"SPEC_DECODE_OTEL_{typo}", "1")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        otel.instrument()
+    (message,) = [str(w.message) for w in caught if w.category is RuntimeWarning]
+    assert message.startswith(f"SPEC_DECODE_OTEL_{typo} is not a spec-decode-otel variable")
+    assert message.endswith(f"did you mean SPEC_DECODE_OTEL_{meant}?")
+    instrumentation = SpecDecodeInstrumentor._instrumentation
+    assert instrumentation is not None
+    default = getattr(Settings(), meant.lower())
+    assert getattr(instrumentation.settings, meant.lower()) == default
+
+
+def _variables_of_scripts_and_tests() -> set[str]:
+    root = Path(__file__).resolve().parents[2]
+    files = [*root.glob("scripts/*.sh"), *root.glob("tests/**/*.py"), root / ".ci" / "run"]
+    found = set()
+    for path in files:
+        if path.resolve() == Path(__file__).resolve():  # this file's typos are on purpose
+            continue
+        found.update(re.findall(r"\bSPEC_DECODE_OTEL_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
+    return found - {f"SPEC_DECODE_OTEL_{name.upper()}" for name in Settings.__dataclass_fields__}
+
+
+def test_the_variables_of_the_projects_scripts_and_tests_pass_in_silence(
+    monkeypatch: pytest.MonkeyPatch, otel: Otel
+) -> None:
+    """The prefix is shared with the install scripts' and tests' own variables (paths to
+    the collector, Prometheus, venvs; load sizes): none of them is taken for a typo."""
+    others = _variables_of_scripts_and_tests()
+    assert {"SPEC_DECODE_OTEL_OTELCOL", "SPEC_DECODE_OTEL_COEXISTENCE_VENVS"} <= others
+    for name in others:
+        monkeypatch.setenv(name, "1")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        otel.instrument()
+    assert [str(w.message) for w in caught if w.category is RuntimeWarning] == []

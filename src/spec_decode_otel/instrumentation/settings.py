@@ -10,6 +10,7 @@ instrumentation of the process, not just this one.
 
 from __future__ import annotations
 
+import difflib
 import os
 import warnings
 from dataclasses import dataclass, fields
@@ -108,6 +109,7 @@ class Settings:
             "genai_metrics": _env_bool("GENAI_METRICS", False),
         }
         known = {f.name for f in fields(cls)}
+        _warn_misspelt({name.upper() for name in known})
         unknown = set(overrides) - known
         if unknown:
             raise TypeError(f"unknown spec_decode_otel option(s): {', '.join(sorted(unknown))}")
@@ -128,6 +130,21 @@ class Settings:
             raise ValueError(f"per_step_max_length must be 0 or more, not {length}")
         _check_engines(env["request_engine_stats"])
         return cls(**env)
+
+
+def _warn_misspelt(variables: set[str]) -> None:
+    """A misspelt variable is never read, so its setting silently keeps the default: warn
+    about a ``SPEC_DECODE_OTEL_*`` name close to one of ours. Names far from all of them
+    pass in silence, since scripts and tests may give the prefix their own variables."""
+    for name in sorted(os.environ):
+        suffix = name[len(ENV_PREFIX) :] if name.startswith(ENV_PREFIX) else ""
+        if not suffix or suffix in variables:
+            continue
+        close = difflib.get_close_matches(suffix, variables, n=1, cutoff=0.7)
+        if close:
+            meant = ENV_PREFIX + close[0]
+            message = f"{name} is not a spec-decode-otel variable and is not read"
+            warnings.warn(f"{message}; did you mean {meant}?", RuntimeWarning, stacklevel=3)
 
 
 def _engines() -> set[str]:

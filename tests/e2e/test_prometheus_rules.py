@@ -1,13 +1,26 @@
 """collector-config/prometheus-rules.yml: checked, unit-tested, and run on the real pipeline.
 
-Not marked e2e (they need only ``promtool``, which Debian's prometheus package installs
-beside ``prometheus``; found like the e2e binaries: ``SPEC_DECODE_OTEL_PROMETHEUS``, else
-PATH, else ``scripts/install-prometheus.sh``; missing is a failure, not a skip):
+Not marked e2e (they need only ``promtool``). The promtool checks run with two of them,
+and each is required (missing is a failure, not a skip):
+  - ``e2e-prometheus``: the promtool beside the e2e tests' Prometheus, Debian's package
+    (2.42; found like the e2e binaries: ``SPEC_DECODE_OTEL_PROMETHEUS``, else PATH, else
+    ``scripts/install-prometheus.sh``);
+  - ``compose-prometheus``: promtool of Prometheus 3.5.0, the version the compose stack
+    runs (docker-compose.yaml: ``image: prom/prometheus:v3.5.0``), built from the Go
+    module github.com/prometheus/prometheus v0.305.0 (its VERSION file: 3.5.0) by
+    ``scripts/install-promtool.sh`` (``SPEC_DECODE_OTEL_PROMTOOL_V3``, else that script).
+    Prometheus 3's range selectors are left-open, (t - w, t] where 2.x selects
+    [t - w, t] (that module's CHANGELOG.md, 3.0.0: "Range selectors and the lookback delta
+    are now left-open", #13904; promql/engine.go keeps a sample only if ``t > mint``), so
+    the unit tests must hold under both.
+With each:
   - ``promtool check rules`` accepts the rules file and counts every rule in it;
   - ``promtool test rules`` passes prometheus-rules.test.yml, and that file gives every
     recording rule an expected value and every alert a firing and a quiet case;
   - ``promtool check config`` accepts prometheus.yml and loads the rules file through it;
     docker-compose.yaml mounts the rules file where prometheus.yml looks for it;
+  - the v3 promtool says the version of compose's Prometheus image, the version
+    scripts/install-promtool.sh pins;
   - every alert has ``for``, a severity and a summary and description; every rule is
     documented in collector-config/README.md.
 
@@ -20,6 +33,7 @@ demo's records.
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
 import time
@@ -29,7 +43,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from e2e_stack import CONFIG_DIR, StackError, find_prometheus, prom_query
+from e2e_stack import CONFIG_DIR, REPO_ROOT, StackError, find_prometheus, prom_query
 
 from conftest import Workload
 
@@ -38,7 +52,11 @@ RULES_TEST = CONFIG_DIR / "prometheus-rules.test.yml"
 PROMETHEUS_CONFIG = CONFIG_DIR / "prometheus.yml"
 COMPOSE = CONFIG_DIR / "docker-compose.yaml"
 README = CONFIG_DIR / "README.md"
+INSTALL_PROMTOOL = REPO_ROOT / "scripts" / "install-promtool.sh"
+ENV_PROMTOOL_V3 = "SPEC_DECODE_OTEL_PROMTOOL_V3"
 RULES_TIMEOUT_S = 60
+#: A build from the module cache takes minutes; a cold cache downloads the modules too.
+BUILD_TIMEOUT_S = 3600
 
 
 def _rules() -> list[dict[str, Any]]:
@@ -55,8 +73,7 @@ def _alerts() -> list[dict[str, Any]]:
     return [r for r in _rules() if "alert" in r]
 
 
-@pytest.fixture(scope="module")
-def promtool() -> str:
+def _promtool_beside_prometheus() -> str:
     """The promtool beside the prometheus binary the e2e tests use."""
     try:
         prometheus = Path(find_prometheus())
@@ -66,6 +83,50 @@ def promtool() -> str:
         if candidate.is_file():
             return str(candidate)
     pytest.fail(f"no promtool beside {prometheus}", pytrace=False)
+
+
+def _compose_prometheus_version() -> str:
+    """The version of the compose stack's Prometheus image (``prom/prometheus:vX.Y.Z``)."""
+    image = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))["services"]["prometheus"]["image"]
+    name, tag = image.rsplit(":", 1)
+    assert name == "prom/prometheus" and re.fullmatch(r"v\d+\.\d+\.\d+", tag), image
+    return tag.removeprefix("v")
+
+
+@pytest.fixture(scope="module")
+def promtool_v3() -> str:
+    """promtool of the compose stack's Prometheus (env var, else scripts/install-promtool.sh)."""
+    path = os.environ.get(ENV_PROMTOOL_V3)
+    what = ENV_PROMTOOL_V3
+    if not path:
+        what = INSTALL_PROMTOOL.name
+        proc = subprocess.run(
+            ["bash", str(INSTALL_PROMTOOL)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+            check=False,
+        )
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode != 0 or not lines:
+            pytest.fail(
+                f"{INSTALL_PROMTOOL.name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}",
+                pytrace=False,
+            )
+        path = lines[-1].strip()
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        pytest.fail(f"{what}: {path!r} is not an executable file", pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="module", params=["e2e-prometheus", "compose-prometheus"])
+def promtool(request: pytest.FixtureRequest) -> str:
+    """Each promtool the rules must pass: see the module's docstring."""
+    if request.param == "compose-prometheus":
+        path: str = request.getfixturevalue("promtool_v3")
+        return path
+    return _promtool_beside_prometheus()
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -116,6 +177,18 @@ def test_compose_mounts_the_rules_where_the_config_looks() -> None:
         assert mounts.get(f"{config_dir}/{rule_file}") == (CONFIG_DIR / rule_file).resolve(), (
             f"{rule_file} is not mounted at {config_dir}/{rule_file}: {prometheus['volumes']}"
         )
+
+
+def test_promtool_v3_is_the_version_compose_runs(promtool_v3: str) -> None:
+    """The v3 promtool is of the compose stack's Prometheus, and the install script pins it."""
+    version = _compose_prometheus_version()
+    assert int(version.split(".")[0]) >= 3, version
+    proc = _run([promtool_v3, "--version"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first_line = (proc.stdout + proc.stderr).splitlines()[0]
+    assert first_line.startswith(f"promtool, version {version} "), first_line
+    script = INSTALL_PROMTOOL.read_text(encoding="utf-8")
+    assert f'PROMETHEUS_VERSION="v{version}"' in script
 
 
 # --------------------------------------------------------------------------- coverage

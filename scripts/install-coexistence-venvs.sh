@@ -13,7 +13,7 @@
 # opentelemetry-util-genai 1.1b0 while genai-openai needs 1.3b0). OpenInference's LiteLLM
 # instrumentation registers one too (`litellm`), which would load in every zero-code test
 # of the test environment (tests/integration/test_litellm_openinference.py uses it). Each
-# venv below holds exactly one other instrumentation (the LiteLLM one with LiteLLM),
+# venv below holds exactly one other instrumentation (those named *-litellm with LiteLLM),
 # spec-decode-otel's dependencies and openai, at the versions the test environment has
 # (used as constraints). spec-decode-otel itself is not installed: the tests put the work
 # tree's src/ (and, for the matrix, a copy of its metadata) on PYTHONPATH.
@@ -36,6 +36,14 @@ declare -A VENVS=(
   # OpenInference's LiteLLM instrumentation, with the LiteLLM the test extra pins
   # (tests/integration/test_litellm_openinference.py).
   [openinference-litellm]="openinference-instrumentation-litellm==0.1.51 litellm==1.110.2"
+  # genai-openai and OpenLLMetry again, each with the LiteLLM the test extra pins
+  # (tests/integration/test_litellm_beside_other_instrumentations.py). Venvs of their own,
+  # not LiteLLM added to the two above: the matrix claims what an openai application
+  # without LiteLLM sees, and with LiteLLM installed spec-decode-otel's instrumentor
+  # takes another path (it waits for LiteLLM's import to register its callback) and
+  # LiteLLM's own dependencies join the environment.
+  [genai-openai-litellm]="opentelemetry-instrumentation-genai-openai==1.3b0 opentelemetry-util-genai==1.3b0 litellm==1.110.2"
+  [openllmetry-litellm]="opentelemetry-instrumentation-openai==0.62.4 litellm==1.110.2"
 )
 
 # The test environment's versions of what the venvs share with it.

@@ -501,3 +501,35 @@ async def test_a_copied_streaming_response_read_raw_ends_the_call_of_the_respons
     del raw, twin
     collect()
     assert instrumented.requests_by_outcome() == {"recorded": 1}
+
+
+# -- ``in`` on a stream ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["create", "with_raw_response"])
+def test_in_on_a_stream_reads_it_through_our_observer(
+    raw: bool, otel: Otel, openai_client: Any
+) -> None:
+    """OpenLLMetry 0.62.4 (``_set_response_attributes``: ``"error" in response``) runs
+    ``in`` on the stream a ``with_raw_response`` text completion parses to, and so reads
+    it to its end. ``openai.Stream`` has no ``__contains__``: Python reads it through
+    ``__iter__``. wrapt's proxy (2.5.2) passed ``in`` to the SDK's stream, so its chunks
+    went by our observer and the call was recorded ``no_stats``. ``in`` now answers what
+    it answers on the bare stream and the call is recorded from the chunks it read."""
+
+    def membership() -> bool:
+        kwargs = kwargs_for(71, stream_options={"include_usage": True})
+        if raw:
+            stream = openai_client.chat.completions.with_raw_response.create(**kwargs).parse()
+        else:
+            stream = openai_client.chat.completions.create(**kwargs)
+        with stream:
+            return "error" in stream
+
+    bare = membership()
+    otel.instrument()
+    assert membership() is bare is False
+    (span,) = otel.spans()
+    assert span.attributes is not None
+    assert span.attributes["spec_decode.outcome"] == "recorded"
+    assert span.attributes["spec_decode.num_accepted_draft_tokens"] > 0

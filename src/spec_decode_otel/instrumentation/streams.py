@@ -395,6 +395,11 @@ class SyncStreamProxy(_StreamProxyBase):
             if observer.read_returned(chunk):
                 return chunk
 
+    def __contains__(self, value: object) -> bool:
+        # ``in`` reads a Stream through its __iter__ (it has no __contains__ of its own);
+        # wrapt's proxy would hand ``in`` to the SDK's stream, its chunks passing unseen.
+        return any(chunk is value or chunk == value for chunk in self)
+
     def close(self) -> None:
         try:
             self.__wrapped__.close()

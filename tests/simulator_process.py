@@ -16,8 +16,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 SERVING_PREFIX = "serving "
+LIFELINE = str(Path(__file__).with_name("lifeline.py"))
 
 
 class SimulatorProcess:
@@ -35,7 +37,17 @@ class SimulatorProcess:
 
     @property
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "spec_decode_otel.simulator", "--port", "0", *self.args]
+        """``python -m spec_decode_otel.simulator``, through tests/lifeline.py so that a
+        killed test run leaves no simulator behind."""
+        return [
+            sys.executable,
+            LIFELINE,
+            "-m",
+            "spec_decode_otel.simulator",
+            "--port",
+            "0",
+            *self.args,
+        ]
 
     def start(self) -> str:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -3,18 +3,20 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from simulator_process import SimulatorProcess
+from simulator_process import SimulatorProcess, wait_until
 from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer, create_app
 from spec_decode_otel.simulator.cli import main
 
@@ -154,3 +156,41 @@ def test_config_validation() -> None:
         SimulatorConfig(draft_schedule=(2, 0))
     with pytest.raises(ValueError):
         SimulatorConfig(min_length=10, max_length=5)
+
+
+def test_a_killed_test_run_leaves_no_simulator_behind() -> None:
+    """A test process killed by SIGKILL runs no teardown: its simulators lived on under
+    init (found twice after interrupted runs, up for an hour). Through tests/lifeline.py
+    each one ends within seconds of its parent."""
+    starter = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; sys.path.insert(0, sys.argv[1]);"
+            "from simulator_process import SimulatorProcess;"
+            "p = SimulatorProcess(['--seed', '1']); p.start();"
+            "print(p.proc.pid, flush=True); time.sleep(600)",
+            str(Path(__file__).resolve().parents[1]),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    with starter:
+        assert starter.stdout is not None
+        simulator = int(starter.stdout.readline())
+        assert _running(simulator)
+        starter.kill()
+    try:
+        assert wait_until(lambda: not _running(simulator), timeout=10), "outlived its parent"
+    finally:
+        if _running(simulator):
+            os.kill(simulator, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie lasts until init reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

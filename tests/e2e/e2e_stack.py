@@ -47,6 +47,7 @@ SCRIPTS_DIR = REPO_ROOT / "scripts"
 ENV_OTELCOL = "SPEC_DECODE_OTEL_OTELCOL"
 ENV_JAEGER = "SPEC_DECODE_OTEL_JAEGER"
 ENV_PROMETHEUS = "SPEC_DECODE_OTEL_PROMETHEUS"
+ENV_PROMTOOL_V3 = "SPEC_DECODE_OTEL_PROMTOOL_V3"
 
 #: Prometheus scrape interval in the tests: short, so a demo run of a few seconds is
 #: scraped several times (rate() needs two samples of a series that changed).
@@ -115,6 +116,14 @@ def find_prometheus() -> str:
     if path:
         return _executable(path, "prometheus")
     return _executable(_run_install_script("install-prometheus.sh"), "install-prometheus.sh")
+
+
+def find_promtool_v3() -> str:
+    """promtool of the compose stack's Prometheus 3 (env var, else install script)."""
+    path = os.environ.get(ENV_PROMTOOL_V3)
+    if path:
+        return _executable(path, ENV_PROMTOOL_V3)
+    return _executable(_run_install_script("install-promtool.sh"), "install-promtool.sh")
 
 
 # --------------------------------------------------------------------------- ports

@@ -33,7 +33,6 @@ demo's records.
 from __future__ import annotations
 
 import math
-import os
 import re
 import subprocess
 import time
@@ -43,7 +42,14 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from e2e_stack import CONFIG_DIR, REPO_ROOT, StackError, find_prometheus, prom_query
+from e2e_stack import (
+    CONFIG_DIR,
+    REPO_ROOT,
+    StackError,
+    find_prometheus,
+    find_promtool_v3,
+    prom_query,
+)
 
 from conftest import Workload
 
@@ -53,10 +59,7 @@ PROMETHEUS_CONFIG = CONFIG_DIR / "prometheus.yml"
 COMPOSE = CONFIG_DIR / "docker-compose.yaml"
 README = CONFIG_DIR / "README.md"
 INSTALL_PROMTOOL = REPO_ROOT / "scripts" / "install-promtool.sh"
-ENV_PROMTOOL_V3 = "SPEC_DECODE_OTEL_PROMTOOL_V3"
 RULES_TIMEOUT_S = 60
-#: A build from the module cache takes minutes; a cold cache downloads the modules too.
-BUILD_TIMEOUT_S = 3600
 
 
 def _rules() -> list[dict[str, Any]]:
@@ -96,28 +99,10 @@ def _compose_prometheus_version() -> str:
 @pytest.fixture(scope="module")
 def promtool_v3() -> str:
     """promtool of the compose stack's Prometheus (env var, else scripts/install-promtool.sh)."""
-    path = os.environ.get(ENV_PROMTOOL_V3)
-    what = ENV_PROMTOOL_V3
-    if not path:
-        what = INSTALL_PROMTOOL.name
-        proc = subprocess.run(
-            ["bash", str(INSTALL_PROMTOOL)],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-            check=False,
-        )
-        lines = proc.stdout.strip().splitlines()
-        if proc.returncode != 0 or not lines:
-            pytest.fail(
-                f"{INSTALL_PROMTOOL.name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}",
-                pytrace=False,
-            )
-        path = lines[-1].strip()
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        pytest.fail(f"{what}: {path!r} is not an executable file", pytrace=False)
-    return path
+    try:
+        return find_promtool_v3()
+    except StackError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture(scope="module", params=["e2e-prometheus", "compose-prometheus"])

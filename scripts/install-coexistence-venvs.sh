@@ -44,6 +44,14 @@ declare -A VENVS=(
   # LiteLLM's own dependencies join the environment.
   [genai-openai-litellm]="opentelemetry-instrumentation-genai-openai==1.3b0 opentelemetry-util-genai==1.3b0 litellm==1.110.2"
   [openllmetry-litellm]="opentelemetry-instrumentation-openai==0.62.4 litellm==1.110.2"
+  # Sentry's OpenAI integration and Langfuse's drop-in OpenAI wrapper
+  # (tests/integration/test_beside_sentry_and_langfuse.py): neither is an OTel
+  # instrumentor, both patch the openai SDK's resources when set up in code. Venvs of
+  # their own all the same: Langfuse's wrapper patches the SDK's classes as
+  # langfuse.openai is imported, and Sentry's integrations patch what they find when
+  # sentry_sdk.init() runs, in any test of the test environment that did either.
+  [sentry]="sentry-sdk==2.76.0"
+  [langfuse]="langfuse==5.2.0"
 )
 
 # The test environment's versions of what the venvs share with it.

@@ -350,6 +350,17 @@ class _StreamProxyBase(CopiedLikeTheSdk):
             self._self_response = _HttpResponseProxy(self.__wrapped__.response, self._self_observer)
         return self._self_response
 
+    def _close_set_on_proxy(self) -> Any:
+        """A ``close`` someone set on the stream after we wrapped it, else None.
+
+        wrapt's ``ObjectProxy.__setattr__`` keeps a name the proxy's class has on the
+        proxy, so ``stream.close = theirs`` (Langfuse 5.2.0 ends its generation so) lands
+        here, not on the SDK's stream, whose ``__exit__``/``__aexit__`` (``self.close()``)
+        would pass it by: ours call it instead, as the SDK's would have."""
+        close = self.close
+        ours = getattr(type(self), "close", None)
+        return None if getattr(close, "__func__", None) is ours else close
+
     def __del__(self) -> None:
         observer = self._self_observer
         if self._self_origin is None and observer.call.reclaimed():
@@ -412,6 +423,10 @@ class SyncStreamProxy(_StreamProxyBase):
 
     def __exit__(self, *exc_info: Any) -> Any:
         try:
+            close = self._close_set_on_proxy()
+            if close is not None:
+                close()
+                return None
             return self.__wrapped__.__exit__(*exc_info)
         finally:
             self._self_observer.on_stop()
@@ -470,6 +485,10 @@ class AsyncStreamProxy(_StreamProxyBase):
 
     async def __aexit__(self, *exc_info: Any) -> Any:
         try:
+            close = self._close_set_on_proxy()
+            if close is not None:
+                await close()
+                return None
             return await self.__wrapped__.__aexit__(*exc_info)
         finally:
             self._self_observer.on_stop()

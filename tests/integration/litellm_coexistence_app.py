@@ -19,11 +19,9 @@ logged at WARNING or above, and how many spans carrying ``spec_decode.*`` ended.
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import os
-import threading
 import time
 from typing import Any
 
@@ -31,9 +29,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at i
 
 import litellm
 import openai
+from app_probes import Logged, OpenSpans, finish, usage_of
 from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
 from opentelemetry import trace
-from opentelemetry.sdk.trace import SpanProcessor
 
 URL = os.environ["SIMULATOR_URL"]
 WAY = os.environ["COEX_WAY"]
@@ -52,45 +50,6 @@ SDK_CALL = "sdk-chat"
 LABELS = (*CALLS, SDK_CALL)
 #: Spans that stay open past this many seconds after the last call count as left open.
 SETTLE = 20.0
-
-
-class OpenSpans(SpanProcessor):
-    """A span processor noting the spans started and not yet ended, and the spans
-    carrying ``spec_decode.*`` that ended."""
-
-    def __init__(self) -> None:
-        self.open: dict[int, tuple[str, str]] = {}
-        self.recorded = 0
-        self._lock = threading.Lock()
-
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        with self._lock:
-            self.open[span.context.span_id] = (span.instrumentation_scope.name, span.name)
-
-    def on_end(self, span: Any) -> None:
-        with self._lock:
-            self.open.pop(span.context.span_id, None)
-            if any(k.startswith("spec_decode.") for k in span.attributes or {}):
-                self.recorded += 1
-
-
-class Logged(logging.Handler):
-    """What any logger said at WARNING or above."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.records: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(f"{record.name}: {record.levelname}: {record.getMessage()}")
-
-
-def usage_of(usage: Any) -> dict[str, Any] | None:
-    if usage is None:
-        return None
-    return {
-        k: getattr(usage, k, None) for k in ("prompt_tokens", "completion_tokens", "total_tokens")
-    }
 
 
 def text_of(choice: Any, api: str, stream: bool) -> str:
@@ -190,18 +149,6 @@ async def main() -> None:
     await close_litellm_async_clients()
     report["logged"] = logged.records
     print(json.dumps(report))
-
-
-def finish() -> None:
-    """Wait for the ends of the calls whose streams were reclaimed (spec-decode-otel's
-    finalizer thread runs them in order: a marker queued after them runs after them)."""
-    from spec_decode_otel.instrumentation import finalizer
-
-    gc.collect()
-    done = threading.Event()
-    finalizer.start()
-    finalizer.defer(done.set)
-    assert done.wait(10), "the finalizer thread ended nothing for 10 s"
 
 
 asyncio.run(main())

@@ -27,16 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import logging
 import os
-import threading
 import time
 from typing import Any
 
 import openai
-from opentelemetry.sdk.trace import SpanProcessor
+from app_probes import Logged, OpenSpans, finish, usage_of
 
 URL = os.environ["SIMULATOR_URL"]
 OTHER = os.environ["COEX_OTHER"]
@@ -56,49 +54,6 @@ WITH_STREAM, ASYNC_WITH_STREAM = "with-stream", "awith-stream"
 LABELS = (*CALLS, WITH_STREAM, ASYNC_WITH_STREAM)
 SETTLE = 20.0
 LANGFUSE_SCOPE = "langfuse-sdk"
-
-
-class OpenSpans(SpanProcessor):
-    """A span processor noting the spans started and not yet ended, and the spans
-    carrying ``spec_decode.*`` that ended."""
-
-    def __init__(self) -> None:
-        self.open: dict[int, tuple[str, str]] = {}
-        self.recorded = 0
-        self._lock = threading.Lock()
-
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        with self._lock:
-            self.open[span.context.span_id] = (span.instrumentation_scope.name, span.name)
-
-    def on_end(self, span: Any) -> None:
-        with self._lock:
-            self.open.pop(span.context.span_id, None)
-            if any(k.startswith("spec_decode.") for k in span.attributes or {}):
-                self.recorded += 1
-
-    def open_of(self, scope: str) -> list[str]:
-        with self._lock:
-            return [name for s, name in self.open.values() if s == scope]
-
-
-class Logged(logging.Handler):
-    """What any logger said at WARNING or above."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.records: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(f"{record.name}: {record.levelname}: {record.getMessage()}")
-
-
-def usage_of(usage: Any) -> dict[str, Any] | None:
-    if usage is None:
-        return None
-    return {
-        k: getattr(usage, k, None) for k in ("prompt_tokens", "completion_tokens", "total_tokens")
-    }
 
 
 def result_of(api: str, stream: bool, answer: list[Any]) -> dict[str, Any]:
@@ -300,18 +255,6 @@ async def main() -> None:
             provider.shutdown()
     report["logged"] = logged.records
     print(json.dumps(report))
-
-
-def finish() -> None:
-    """Wait for the ends of the calls whose streams were reclaimed (spec-decode-otel's
-    finalizer thread runs them in order: a marker queued after them runs after them)."""
-    from spec_decode_otel.instrumentation import finalizer
-
-    gc.collect()
-    done = threading.Event()
-    finalizer.start()
-    finalizer.defer(done.set)
-    assert done.wait(10), "the finalizer thread ended nothing for 10 s"
 
 
 asyncio.run(main())

@@ -35,7 +35,7 @@ import functools
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from types import FrameType
 from typing import Any
 
@@ -323,6 +323,9 @@ class _HttpResponseProxy(CopiedLikeTheSdk):
 
 
 class _StreamProxyBase(CopiedLikeTheSdk):
+    #: The SDK stream's ``close``, which each subclass wraps (sync or async).
+    close: Callable[[], Any]
+
     def __init__(
         self,
         wrapped: Any,

@@ -65,7 +65,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from test_coexistence_matrix import APP_SCOPE, OtlpReceiver, Span, decode
 
 from installed import built_by
-from otlp_values import otlp_attributes
 from spec_decode_otel.telemetry import SCOPE_NAME
 
 HERE = Path(__file__).resolve().parent
@@ -194,17 +193,8 @@ def langfuse_spans(posts: list[tuple[str, bytes]], roots: dict[str, str]) -> dic
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
                     label = roots[span.trace_id.hex()]
-                    calls.setdefault(label, []).append(
-                        Span(
-                            span.trace_id.hex(),
-                            span.span_id.hex(),
-                            span.parent_span_id.hex(),
-                            scope_spans.scope.name,
-                            span.name,
-                            span.kind,
-                            otlp_attributes(span),
-                        )
-                    )
+                    span_of = Span.from_otlp(scope_spans.scope.name, span)
+                    calls.setdefault(label, []).append(span_of)
     return calls
 
 

@@ -164,6 +164,19 @@ class Span:
     kind: int
     attributes: dict[str, Any]
 
+    @classmethod
+    def from_otlp(cls, scope: str, span: Any) -> Span:
+        """One OTLP ``Span`` message of instrumentation scope ``scope``."""
+        return cls(
+            span.trace_id.hex(),
+            span.span_id.hex(),
+            span.parent_span_id.hex(),
+            scope,
+            span.name,
+            span.kind,
+            otlp_attributes(span),
+        )
+
     @property
     def spec_decode(self) -> dict[str, Any]:
         return {k: v for k, v in self.attributes.items() if k.startswith("spec_decode.")}
@@ -194,15 +207,7 @@ class Case:
 
 def decode(sink: Sink) -> tuple[dict[str, list[Span]], dict[tuple[str, str], float]]:
     spans = [
-        Span(
-            span.trace_id.hex(),
-            span.span_id.hex(),
-            span.parent_span_id.hex(),
-            scope_spans.scope.name,
-            span.name,
-            span.kind,
-            otlp_attributes(span),
-        )
+        Span.from_otlp(scope_spans.scope.name, span)
         for request in sink.traces
         for resource_spans in request.resource_spans
         for scope_spans in resource_spans.scope_spans

@@ -1,5 +1,5 @@
 """What the coexistence apps (litellm_coexistence_app.py, sentry_langfuse_app.py) watch
-in their own process: spans left open, warnings logged, a call's usage, and the end of
+in their own process: spans left open, warnings logged, what a call returned, and the end of
 the calls whose streams the collector reclaimed. They run as scripts in other venvs, with
 this directory first on ``sys.path``."""
 
@@ -54,6 +54,24 @@ def usage_of(usage: Any) -> dict[str, Any] | None:
     return {
         k: getattr(usage, k, None) for k in ("prompt_tokens", "completion_tokens", "total_tokens")
     }
+
+
+def text_of(choice: Any, api: str, stream: bool) -> str:
+    if api == "text":
+        return getattr(choice, "text", None) or ""
+    part = choice.delta if stream else choice.message
+    return getattr(part, "content", None) or ""
+
+
+def content_and_usage(api: str, stream: bool, answer: list[Any]) -> dict[str, Any]:
+    """The content and the usage the user got: of the response, or of every chunk."""
+    content = ""
+    usage = None
+    for item in answer:
+        for choice in getattr(item, "choices", None) or ():
+            content += text_of(choice, api, stream)
+        usage = usage_of(getattr(item, "usage", None)) or usage
+    return {"content": content, "usage": usage}
 
 
 def finish() -> None:

@@ -29,7 +29,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at i
 
 import litellm
 import openai
-from app_probes import Logged, OpenSpans, finish, usage_of
+from app_probes import Logged, OpenSpans, content_and_usage, finish
 from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
 from opentelemetry import trace
 
@@ -50,24 +50,6 @@ SDK_CALL = "sdk-chat"
 LABELS = (*CALLS, SDK_CALL)
 #: Spans that stay open past this many seconds after the last call count as left open.
 SETTLE = 20.0
-
-
-def text_of(choice: Any, api: str, stream: bool) -> str:
-    if api == "text":
-        return getattr(choice, "text", None) or ""
-    part = choice.delta if stream else choice.message
-    return getattr(part, "content", None) or ""
-
-
-def result_of(api: str, stream: bool, answer: list[Any]) -> dict[str, Any]:
-    """The content and the usage the user got: of the response, or of every chunk."""
-    content = ""
-    usage = None
-    for item in answer:
-        for choice in getattr(item, "choices", None) or ():
-            content += text_of(choice, api, stream)
-        usage = usage_of(getattr(item, "usage", None)) or usage
-    return {"content": content, "usage": usage}
 
 
 def kwargs_for(label: str, seed: int) -> dict[str, Any]:
@@ -127,10 +109,10 @@ async def main() -> None:
         with tracer.start_as_current_span(f"call {label}"):
             try:
                 if label == SDK_CALL:
-                    results[label] = result_of("chat", False, sdk_call(seed))
+                    results[label] = content_and_usage("chat", False, sdk_call(seed))
                 else:
                     api, _, _, stream = CALLS[label]
-                    results[label] = result_of(api, stream, await litellm_call(label, seed))
+                    results[label] = content_and_usage(api, stream, await litellm_call(label, seed))
             except Exception as error:  # the test says which call raised what
                 results[label] = {"error": f"{type(error).__name__}: {error}"}
     report["results"] = results

@@ -34,7 +34,7 @@ import time
 from typing import Any
 
 import openai
-from app_probes import Logged, OpenSpans, finish, usage_of
+from app_probes import Logged, OpenSpans, content_and_usage, finish
 
 URL = os.environ["SIMULATOR_URL"]
 OTHER = os.environ["COEX_OTHER"]
@@ -58,17 +58,7 @@ LANGFUSE_SCOPE = "langfuse-sdk"
 
 def result_of(api: str, stream: bool, answer: list[Any]) -> dict[str, Any]:
     """The content, usage and number of items the user got."""
-    content = ""
-    usage = None
-    for item in answer:
-        for choice in getattr(item, "choices", None) or ():
-            if api == "text":
-                content += getattr(choice, "text", None) or ""
-            else:
-                part = choice.delta if stream else choice.message
-                content += getattr(part, "content", None) or ""
-        usage = usage_of(getattr(item, "usage", None)) or usage
-    return {"content": content, "usage": usage, "items": len(answer)}
+    return {**content_and_usage(api, stream, answer), "items": len(answer)}
 
 
 def kwargs_for(label: str, seed: int) -> dict[str, Any]:

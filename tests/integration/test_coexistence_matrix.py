@@ -205,6 +205,25 @@ class Case:
         return {k: v for k, v in self.metrics.items() if k[0] != SCOPE_NAME}
 
 
+def zero_code_env(service: str, endpoint: str, order: str) -> dict[str, str]:
+    """The variables of a run under ``opentelemetry-instrument`` exporting OTLP/HTTP to
+    ``endpoint``; in the one-sided orders, the other side's instrumentor disabled."""
+    env = {
+        "OTEL_SERVICE_NAME": service,
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_METRICS_EXPORTER": "otlp",
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+        "OTEL_METRIC_EXPORT_INTERVAL": "600000",
+    }
+    disabled = {"theirs-only": "spec_decode", "ours-only": "openai"}.get(order)
+    if disabled:
+        env["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] = disabled
+    return env
+
+
 def decode(sink: Sink) -> tuple[dict[str, list[Span]], dict[tuple[str, str], float]]:
     spans = [
         Span.from_otlp(scope_spans.scope.name, span)
@@ -324,19 +343,7 @@ class Matrix:
         argv = [python, str(APP)]
         if way == "zero-code":
             argv = [str(Path(python).parent / "opentelemetry-instrument"), *argv]
-            env |= {
-                "OTEL_SERVICE_NAME": "coexistence-app",
-                "OTEL_TRACES_EXPORTER": "otlp",
-                "OTEL_METRICS_EXPORTER": "otlp",
-                "OTEL_LOGS_EXPORTER": "none",
-                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-                "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-                "OTEL_BSP_SCHEDULE_DELAY": "50",
-                "OTEL_METRIC_EXPORT_INTERVAL": "600000",
-            }
-            disabled = {"theirs-only": "spec_decode", "ours-only": "openai"}.get(order)
-            if disabled:
-                env["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] = disabled
+            env |= zero_code_env("coexistence-app", receiver.endpoint, order)
         try:
             done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
         finally:

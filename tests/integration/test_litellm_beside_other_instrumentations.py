@@ -44,7 +44,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_coexistence_matrix import OtlpReceiver, Span, decode, distribution_files, metadata_dir
+from test_coexistence_matrix import (
+    OtlpReceiver,
+    Span,
+    decode,
+    distribution_files,
+    metadata_dir,
+    zero_code_env,
+)
 
 from installed import built_by
 from spec_decode_otel.telemetry import SCOPE_NAME
@@ -143,20 +150,8 @@ def run_app(venvs: Path, workdir: Path, simulator_url: str, other: str, order: s
         )
         first, second = (theirs, ours) if order.startswith("theirs") else (ours, theirs)
         receiver = OtlpReceiver()
-        env |= {
-            "PYTHONPATH": os.pathsep.join(map(str, (first, second, REPO / "src"))),
-            "OTEL_SERVICE_NAME": "litellm-coexistence-app",
-            "OTEL_TRACES_EXPORTER": "otlp",
-            "OTEL_METRICS_EXPORTER": "otlp",
-            "OTEL_LOGS_EXPORTER": "none",
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-            "OTEL_BSP_SCHEDULE_DELAY": "50",
-            "OTEL_METRIC_EXPORT_INTERVAL": "600000",
-        }
-        disabled = {"theirs-only": "spec_decode", "ours-only": "openai"}.get(order)
-        if disabled:
-            env["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] = disabled
+        env |= zero_code_env("litellm-coexistence-app", receiver.endpoint, order)
+        env["PYTHONPATH"] = os.pathsep.join(map(str, (first, second, REPO / "src")))
         argv = [str(python.parent / "opentelemetry-instrument"), *argv]
     try:
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)

@@ -533,3 +533,33 @@ def test_in_on_a_stream_reads_it_through_our_observer(
     assert span.attributes is not None
     assert span.attributes["spec_decode.outcome"] == "recorded"
     assert span.attributes["spec_decode.num_accepted_draft_tokens"] > 0
+
+
+# -- setting ``response`` on a stream ----------------------------------------------------
+
+
+def test_setting_a_streams_response_does_what_it_does_on_the_sdks_stream(
+    otel: Otel, openai_client: Any
+) -> None:
+    """``openai.Stream.response`` is a plain attribute (openai 2.x ``_streaming.py``):
+    code may replace it, as a wrapper swapping in a response of its own would. Our proxy
+    reads it through a property, which alone made the assignment raise
+    ``AttributeError``. The assignment now lands on the SDK's stream and reads back, and a
+    ``close`` through the new response still ends the call."""
+
+    def replace_response() -> bool:
+        stream = openai_client.chat.completions.create(**kwargs_for(72))
+        next(iter(stream))
+        # The SDK's httpx (openai 3 uses httpx2): a response of the same class.
+        new = stream.response.__class__(200, request=stream.response.request)
+        stream.response = new
+        replaced = stream.response == new
+        stream.response.close()
+        return replaced
+
+    assert replace_response() is True
+    otel.instrument()
+    assert replace_response() is True
+    (span,) = otel.spans()
+    assert span.attributes is not None
+    assert span.attributes["spec_decode.outcome"] == "not_read_to_end"

@@ -353,6 +353,13 @@ class _StreamProxyBase(CopiedLikeTheSdk):
             self._self_response = _HttpResponseProxy(self.__wrapped__.response, self._self_observer)
         return self._self_response
 
+    @response.setter
+    def response(self, value: Any) -> None:
+        # A plain attribute on the SDK's stream: the assignment goes there, and the next
+        # read wraps what was set.
+        self.__wrapped__.response = value
+        self._self_response = None
+
     def _close_set_on_proxy(self) -> Any:
         """A ``close`` someone set on the stream after we wrapped it, else None.
 

@@ -79,6 +79,8 @@ def _build(kwargs: dict[str, Any]) -> tuple[Instrumentation, tuple[Any, ...]]:
         instruments_for(meter_provider),
         trace.get_tracer(SCOPE_NAME, __version__, tracer_provider=tracer_provider),
         GenAiMetrics(meter_provider) if settings.genai_metrics else None,
+        global_tracer_provider=tracer_provider is None,
+        global_meter_provider=meter_provider is None,
     )
     return instrumentation, (settings, id(tracer_provider), id(meter_provider))
 

@@ -1,7 +1,13 @@
 """One-time hints: when data goes missing for a reason we can see, say so once, with
 the fix, at WARNING (visible wherever the application shows warnings).
 
-Three hints, each said at most once per process (by the module's ``hints`` object):
+Four hints, each said at most once per process (by the module's ``hints`` object):
+
+- ``no-sdk``: calls are instrumented but the OpenTelemetry API still has its stand-in
+  providers (no SDK configured) for traces, metrics or both, so what is recorded there is
+  dropped. Common causes: ``opentelemetry-instrument`` without ``opentelemetry-distro``
+  (nothing configures the SDK), or a tracing-only set-up (a TracerProvider and no
+  MeterProvider). Not when the application passed a provider itself;
 
 - ``invalid``: a payload was rejected (the first rule it broke is in the message);
 - ``include-usage``: a server sent stats on non-streaming calls, from an engine whose
@@ -53,6 +59,13 @@ TURN_STATS_ON = (
     "or an n-gram type, which drafts only where the text repeats), make vLLM "
     "streams ask for them (inject_include_usage=True), and check that no gateway in front "
     "of it strips the fields"
+)
+NO_SDK = (
+    "calls are instrumented but no OpenTelemetry SDK is configured for %s, so the "
+    "spec-decode data recorded there is dropped: configure it before the first call "
+    "(spec_decode_otel.setup(), your own TracerProvider and MeterProvider, or "
+    "opentelemetry-instrument with opentelemetry-distro installed, which configures the "
+    "SDK from the OTEL_* variables)"
 )
 QUIET_SERVER = (
     "%s answered %d calls without spec-decode stats while other servers sent them: "
@@ -127,6 +140,17 @@ class Hints:
                     say.append((QUIET_SERVER, (server, state.without_stats)))
         for message, args in say:
             logger.warning(message, *args)
+
+    def observe_sdk(self, *, traces_unset: bool, metrics_unset: bool) -> None:
+        """Note that a call's traces or metrics go to the API's stand-in providers."""
+        if not (traces_unset or metrics_unset):
+            return
+        with self._lock:
+            first = self._first("no-sdk")
+        if first:
+            signals = "traces and metrics" if traces_unset and metrics_unset else None
+            signals = signals or ("traces" if traces_unset else "metrics (spans keep the record)")
+            logger.warning(NO_SDK, signals)
 
     def _first(self, key: str) -> bool:
         """True the first time ``key`` is asked for (the caller holds the lock)."""

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 from opentelemetry.context import Context
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind
@@ -34,6 +34,7 @@ from spec_decode_otel.instrumentation.coexistence import (
     records_genai_metrics,
 )
 from spec_decode_otel.instrumentation.genai_metrics import GenAiMetrics
+from spec_decode_otel.instrumentation.hints import hints
 from spec_decode_otel.instrumentation.responses import wrap_result
 from spec_decode_otel.instrumentation.settings import Settings
 from spec_decode_otel.telemetry import (
@@ -74,11 +75,18 @@ class Instrumentation:
         instruments: SpecDecodeInstruments,
         tracer: trace.Tracer,
         genai_metrics: GenAiMetrics | None,
+        *,
+        global_tracer_provider: bool,
+        global_meter_provider: bool,
     ) -> None:
         self.settings = settings
         self.instruments = instruments
         self.tracer = tracer
         self.genai_metrics = genai_metrics
+        #: Whether the tracer and the instruments come from the global providers (none
+        #: was passed), which may still be the API's stand-ins: see hints' ``no-sdk``.
+        self._global_tracer_provider = global_tracer_provider
+        self._global_meter_provider = global_meter_provider
         self._request_fields: dict[str, Any] = {}
         for adapter in registered_adapters():
             if adapter.engine in settings.request_engine_stats:
@@ -163,6 +171,7 @@ class Instrumentation:
             and not _already_enriched(current)
             and (settings.mode == "enrich" or (settings.mode == "auto" and foreign))
         )
+        self._observe_sdk(enrich)
         name = f"{operation} {model}" if model else operation
         late_span: Callable[[int], Span] | None = None
         if enrich:
@@ -208,6 +217,16 @@ class Instrumentation:
             include_usage=include_usage,
             context=trace.set_span_in_context(span, parent),
             late_span=late_span,
+        )
+
+    def _observe_sdk(self, enrich: bool) -> None:
+        """For the ``no-sdk`` hint: whether this call's span (unless it enriches another
+        tracer's) and its metrics go to the API's stand-in providers."""
+        ours = self._global_tracer_provider and not enrich
+        global_meter = self._global_meter_provider
+        hints.observe_sdk(
+            traces_unset=ours and _api_stand_in(trace.get_tracer_provider()),
+            metrics_unset=global_meter and _api_stand_in(metrics.get_meter_provider()),
         )
 
     def _amend(self, options: Any, body: Mapping[str, Any], streaming: bool) -> tuple[Any, bool]:
@@ -306,6 +325,20 @@ def _requested_sequences(body: Mapping[str, Any]) -> int:
     if type(prompt) is list and len(prompt) > 1 and type(prompt[0]) is not int:
         sequences *= len(prompt)  # several prompts (strings or token lists)
     return sequences
+
+
+def _api_stand_in(provider: Any) -> bool:
+    """Whether ``provider`` is what the OpenTelemetry API hands out when no SDK has been
+    set: a proxy that drops everything until ``set_*_provider()`` (named
+    ``_ProxyMeterProvider`` for metrics in opentelemetry-api 1.31 to 1.45: the API has
+    no public name for it), or a no-op provider."""
+    return (
+        isinstance(
+            provider,
+            (trace.ProxyTracerProvider, trace.NoOpTracerProvider, metrics.NoOpMeterProvider),
+        )
+        or type(provider).__name__ == "_ProxyMeterProvider"
+    )
 
 
 def _server(client: Any) -> tuple[str | None, int | None]:

@@ -428,3 +428,51 @@ def test_langfuse_ends_its_generation_as_a_with_block_exits_beside_us(
     for run in (get(runs, "langfuse", "theirs-only"), get(runs, "langfuse", order)):
         assert run.report["langfuse_open_after_with"] is False
         assert run.report["langfuse_open_after_async_with"] is False
+
+
+def test_with_langfuse_as_the_only_sdk_our_spans_go_to_langfuse_and_the_lost_metrics_are_said(
+    simulator_url: str,
+) -> None:
+    """A user whose only OpenTelemetry set-up is Langfuse's (``langfuse_only_app.py``):
+    Langfuse sets the global TracerProvider, nothing sets a MeterProvider. Our spans,
+    which carry ``gen_ai.*``, pass Langfuse's default export filter and reach Langfuse,
+    with their record; our metrics go to the API's stand-in and are lost, and the
+    ``no-sdk`` hint says so once, naming metrics only. Nothing else is logged."""
+    venvs = built_by("install-coexistence-venvs.sh", "SPEC_DECODE_OTEL_COEXISTENCE_VENVS")
+    theirs = Receiver()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_", "PYTHON", "LANGFUSE_"))
+    }
+    env |= {
+        "SIMULATOR_URL": simulator_url,
+        "THEIR_ENDPOINT": theirs.endpoint,
+        "PYTHONPATH": os.pathsep.join((str(REPO / "src"), str(HERE))),
+    }
+    try:
+        done = subprocess.run(
+            [str(venvs / "langfuse" / "bin" / "python"), str(HERE / "langfuse_only_app.py")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        theirs.close()
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["content"] is True and report["chunks"] > 2
+    (hint,) = report["logged"]
+    assert hint.startswith("spec_decode_otel: WARNING: calls are instrumented but no ")
+    assert "configured for metrics (spans keep the record)" in hint
+    ours = [
+        Span.from_otlp(scope_spans.scope.name, span)
+        for path, body in theirs.posts
+        for resource_spans in ExportTraceServiceRequest.FromString(body).resource_spans
+        for scope_spans in resource_spans.scope_spans
+        for span in scope_spans.spans
+        if scope_spans.scope.name == SCOPE_NAME
+    ]
+    assert [s.spec_decode["spec_decode.outcome"] for s in ours] == ["recorded", "recorded"]
+    assert all(s.spec_decode["spec_decode.num_accepted_draft_tokens"] > 0 for s in ours)

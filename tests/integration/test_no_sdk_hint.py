@@ -51,7 +51,9 @@ def _run(case: str, simulator_url: str) -> str:
         ("tracing", "metrics (spans keep the record), so"),
     ],
 )
-def test_calls_with_no_sdk_for_a_signal_say_so_once(case: str, said: str, simulator_url: str) -> None:
+def test_calls_with_no_sdk_for_a_signal_say_so_once(
+    case: str, said: str, simulator_url: str
+) -> None:
     (hint,) = _hints(_run(case, simulator_url))
     assert hint.startswith(said)
     assert "opentelemetry-distro" in hint

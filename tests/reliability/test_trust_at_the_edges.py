@@ -52,6 +52,7 @@ from reliability_helpers import (
     no_litellm_call_open,
 )
 
+from otlp_values import clean_env
 from record_json import WIRE_EXAMPLES
 from spec_decode_otel import SpecDecodeInstrumentor, instrument_client
 from spec_decode_otel._logging import RateLimitedLog
@@ -333,6 +334,7 @@ def test_enrich_mode_sets_only_spec_decode_on_a_user_span(otel: Otel, simulator_
 LOGGING_APP = """
 import logging, os, sys
 import openai
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from spec_decode_otel import SpecDecodeInstrumentor
 
@@ -347,7 +349,7 @@ class Broken(SpanProcessor):
 
 provider = TracerProvider()
 provider.add_span_processor(Broken())
-SpecDecodeInstrumentor().instrument(tracer_provider=provider)
+SpecDecodeInstrumentor().instrument(tracer_provider=provider, meter_provider=MeterProvider())
 client = openai.OpenAI(base_url=os.environ["URL"], api_key="sk-test", max_retries=0)
 for model in ("ok", "ok", "broken", "broken", "broken"):
     client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
@@ -356,8 +358,7 @@ client.close()
 
 
 def run_logging_app(url: str, configure: bool) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_"))}
-    env |= {"URL": url, "CONFIGURE_LOGGING": "1" if configure else "0"}
+    env = clean_env(URL=url, CONFIGURE_LOGGING="1" if configure else "0")
     done = subprocess.run(
         [sys.executable, "-c", LOGGING_APP], env=env, capture_output=True, text=True, timeout=60
     )
@@ -565,7 +566,7 @@ print(json.dumps({
     "service": second.tracer_provider.resource.attributes["service.name"],
 }))
 """
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_"))}
+    env = clean_env()
     done = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
     )

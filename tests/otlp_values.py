@@ -18,9 +18,12 @@ from oteltap import OtelTapHttpProtobufReceiver, OtelTapHttpProtobufReceiverSett
 from ports import free_port
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """The test process's environment minus every OTEL_/SPEC_DECODE_OTEL_ setting."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_"))}
+def clean_env(*drop: str, **extra: str) -> dict[str, str]:
+    """The test process's environment minus every OTEL_/SPEC_DECODE_OTEL_ setting and any
+    variable starting with one of ``drop`` (``PYTHON`` for another venv's interpreter,
+    another library's own prefix), plus ``extra``."""
+    prefixes = ("OTEL_", "SPEC_DECODE_OTEL_", *drop)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
     env.update(extra)
     return env
 

@@ -65,6 +65,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from test_coexistence_matrix import APP_SCOPE, OtlpReceiver, Span, decode
 
 from installed import built_by
+from otlp_values import clean_env
 from spec_decode_otel.telemetry import SCOPE_NAME
 
 HERE = Path(__file__).resolve().parent
@@ -221,19 +222,17 @@ class Run:
 def run_app(venvs: Path, simulator_url: str, other: str, order: str) -> Run:
     python = venvs / other / "bin" / "python"
     user, theirs = OtlpReceiver(), Receiver()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_", "PYTHON", "SENTRY_", "LANGFUSE_"))
-    }
-    env |= {
-        "SIMULATOR_URL": simulator_url,
-        "OTLP_ENDPOINT": user.endpoint,
-        "THEIR_ENDPOINT": theirs.endpoint,
-        "COEX_OTHER": other,
-        "COEX_ORDER": order,
-        "PYTHONPATH": str(REPO / "src"),
-    }
+    env = clean_env(
+        "PYTHON",
+        "SENTRY_",
+        "LANGFUSE_",
+        SIMULATOR_URL=simulator_url,
+        OTLP_ENDPOINT=user.endpoint,
+        THEIR_ENDPOINT=theirs.endpoint,
+        COEX_OTHER=other,
+        COEX_ORDER=order,
+        PYTHONPATH=str(REPO / "src"),
+    )
     try:
         done = subprocess.run(
             [str(python), str(APP)], env=env, capture_output=True, text=True, timeout=180
@@ -440,16 +439,13 @@ def test_with_langfuse_as_the_only_sdk_our_spans_go_to_langfuse_and_the_lost_met
     ``no-sdk`` hint says so once, naming metrics only. Nothing else is logged."""
     venvs = built_by("install-coexistence-venvs.sh", "SPEC_DECODE_OTEL_COEXISTENCE_VENVS")
     theirs = Receiver()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_", "PYTHON", "LANGFUSE_"))
-    }
-    env |= {
-        "SIMULATOR_URL": simulator_url,
-        "THEIR_ENDPOINT": theirs.endpoint,
-        "PYTHONPATH": os.pathsep.join((str(REPO / "src"), str(HERE))),
-    }
+    env = clean_env(
+        "PYTHON",
+        "LANGFUSE_",
+        SIMULATOR_URL=simulator_url,
+        THEIR_ENDPOINT=theirs.endpoint,
+        PYTHONPATH=os.pathsep.join((str(REPO / "src"), str(HERE))),
+    )
     try:
         done = subprocess.run(
             [str(venvs / "langfuse" / "bin" / "python"), str(HERE / "langfuse_only_app.py")],

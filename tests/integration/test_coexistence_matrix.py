@@ -48,7 +48,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from installed import built_by
-from otlp_values import otlp_attributes
+from otlp_values import clean_env, otlp_attributes
 from spec_decode_otel.instrumentation.coexistence import FOREIGN_SCOPES
 from spec_decode_otel.telemetry import SCOPE_NAME
 
@@ -323,19 +323,15 @@ class Matrix:
         )
         first, second = (theirs, ours) if order.startswith("theirs") else (ours, theirs)
         receiver = OtlpReceiver()
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_", "PYTHON"))
-        }
-        env |= {
-            "PYTHONPATH": os.pathsep.join(map(str, (first, second, REPO / "src"))),
-            "SIMULATOR_URL": self.simulator_url,
-            "COEX_WAY": way,
-            "COEX_OTHER": other,
-            "COEX_ORDER": order,
-            "OTLP_ENDPOINT": receiver.endpoint,
-        }
+        env = clean_env(
+            "PYTHON",
+            PYTHONPATH=os.pathsep.join(map(str, (first, second, REPO / "src"))),
+            SIMULATOR_URL=self.simulator_url,
+            COEX_WAY=way,
+            COEX_OTHER=other,
+            COEX_ORDER=order,
+            OTLP_ENDPOINT=receiver.endpoint,
+        )
         if extra:  # and the GenAI client metrics opted in
             env |= {"COEX_EXTRA": "1", "SPEC_DECODE_OTEL_GENAI_METRICS": "true"}
         if sampler is not None:  # likewise, and each call's GenAI metric points reported

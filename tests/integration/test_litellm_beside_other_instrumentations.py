@@ -54,6 +54,7 @@ from test_coexistence_matrix import (
 )
 
 from installed import built_by
+from otlp_values import clean_env
 from spec_decode_otel.telemetry import SCOPE_NAME
 
 HERE = Path(__file__).resolve().parent
@@ -127,17 +128,14 @@ def run_app(venvs: Path, workdir: Path, simulator_url: str, other: str, order: s
     with both instrumentors in ``order`` (or one of them disabled), or ``plain``."""
     venv, distribution, _ = OTHERS[other]
     python = venvs / venv / "bin" / "python"
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_", "PYTHON", "LITELLM_"))
-    }
-    env |= {
-        "SIMULATOR_URL": simulator_url,
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "COEX_WAY": "plain" if order == "plain" else "zero-code",
-        "PYTHONPATH": str(REPO / "src"),
-    }
+    env = clean_env(
+        "PYTHON",
+        "LITELLM_",
+        SIMULATOR_URL=simulator_url,
+        LITELLM_LOCAL_MODEL_COST_MAP="True",
+        COEX_WAY="plain" if order == "plain" else "zero-code",
+        PYTHONPATH=str(REPO / "src"),
+    )
     argv = [str(python), str(APP)]
     receiver = None
     if order != "plain":

@@ -20,7 +20,6 @@ OpenInference's spans exactly as it makes them alone.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,6 +29,7 @@ from typing import Any
 import pytest
 
 from installed import built_by
+from otlp_values import clean_env
 from spec_decode_otel.telemetry import SCOPE_NAME
 
 HERE = Path(__file__).resolve().parent
@@ -76,11 +76,7 @@ def spec_decode(span: dict[str, Any]) -> dict[str, str]:
 def runs(simulator_url: str) -> Iterator[dict[str, Future[Run]]]:
     venvs = built_by("install-coexistence-venvs.sh", "SPEC_DECODE_OTEL_COEXISTENCE_VENVS")
     python = venvs / "openinference-litellm" / "bin" / "python"
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OTEL_", "SPEC_DECODE_OTEL_", "PYTHON"))
-    }
+    env = clean_env("PYTHON")
 
     def run(order: str) -> Run:
         done = subprocess.run(

@@ -8,7 +8,6 @@ Four hints, each said at most once per process (by the module's ``hints`` object
   dropped. Common causes: ``opentelemetry-instrument`` without ``opentelemetry-distro``
   (nothing configures the SDK), or a tracing-only set-up (a TracerProvider and no
   MeterProvider). Not when the application passed a provider itself;
-
 - ``invalid``: a payload was rejected (the first rule it broke is in the message);
 - ``include-usage``: a server sent stats on non-streaming calls, from an engine whose
   streams carry them only on the usage chunk (vLLM; the adapters say which,
@@ -147,10 +146,15 @@ class Hints:
             return
         with self._lock:
             first = self._first("no-sdk")
-        if first:
-            signals = "traces and metrics" if traces_unset and metrics_unset else None
-            signals = signals or ("traces" if traces_unset else "metrics (spans keep the record)")
-            logger.warning(NO_SDK, signals)
+        if not first:
+            return
+        if traces_unset and metrics_unset:
+            signals = "traces and metrics"
+        elif traces_unset:
+            signals = "traces"
+        else:
+            signals = "metrics (spans keep the record)"
+        logger.warning(NO_SDK, signals)
 
     def _first(self, key: str) -> bool:
         """True the first time ``key`` is asked for (the caller holds the lock)."""

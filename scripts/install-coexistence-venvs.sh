@@ -84,6 +84,9 @@ for name in "${!VENVS[@]}"; do
     -c "${venv}/constraints.txt" $requirements opentelemetry-distro ${VENVS[$name]}
   touch "${venv}/.complete"
 done
-# Venvs built for other requirements are of no more use.
-find "${CACHE_ROOT}" -maxdepth 1 -name 'coexistence-*' ! -path "${ROOT}" -exec rm -rf {} +
+# Venvs built for other requirements: removed once unused for a week. Not at once: two
+# environments alternate here (the machine's Python and a virtualenv hold different
+# versions, so different keys), and a run may be reading the other's venvs right now.
+touch "${ROOT}"
+find "${CACHE_ROOT}" -maxdepth 1 -name 'coexistence-*' ! -path "${ROOT}" -mtime +7 -exec rm -rf {} +
 echo "${ROOT}"

@@ -61,7 +61,7 @@ MESSAGES = [{"role": "user", "content": "Summarise speculative decoding in two p
 FULL = {"rounds": 150, "nonstream": 100, "stream": 1, "stream_short": 50, "memory": 100_000}
 FULL |= {"parse_repeat": 31, "hostile_repeat": 5, "hostile_seconds": 4, "hostile_timeout": 120}
 QUICK = {"rounds": 16, "nonstream": 20, "stream": 1, "stream_short": 10, "memory": 2_000}
-QUICK |= {"parse_repeat": 7, "hostile_repeat": 3, "hostile_seconds": 0.3, "hostile_timeout": 20}
+QUICK |= {"parse_repeat": 7, "hostile_repeat": 5, "hostile_seconds": 0.3, "hostile_timeout": 20}
 #: The long stream: the recorded one's 100 content chunks this many times (1,003 chunks).
 STREAM_REPEATS = 10
 HOSTILE_MEMORY_LIMIT = 3 << 30  # bytes of address space for the hostile corpus's process

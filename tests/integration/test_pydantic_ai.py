@@ -1,6 +1,6 @@
-"""pydantic-ai (the real ``pydantic-ai-slim[openai]`` 2.68.0) against the simulator over HTTP.
+"""pydantic-ai (the real ``pydantic-ai-slim[openai]`` 2.78.0) against the simulator over HTTP.
 
-How pydantic-ai 2.68.0 calls the ``openai`` SDK (read in the installed source):
+How pydantic-ai 2.78.0 calls the ``openai`` SDK (read in the installed source):
 
 - ``pydantic_ai/models/openai/_chat_model.py``: ``OpenAIChatModel`` (the class that was
   ``OpenAIModel`` before 2.0; that name now raises) with ``OpenAIProvider(base_url=...)``
@@ -15,7 +15,7 @@ How pydantic-ai 2.68.0 calls the ``openai`` SDK (read in the installed source):
 - ``request_stream`` wraps the SDK stream in ``async with response:``, which closes it
   (``AsyncStream.close``) when the agent's stream context ends.
 - ``pydantic_ai/agent/abstract.py`` ``run_stream``: the graph reads model events only up to
-  the ``FinalResultEvent`` (``stream_to_final`` breaks there), then yields the
+  the ``FinalResultEvent`` (``_FinalResultCut.events`` breaks there), then yields the
   ``StreamedRunResult``; the rest of the SDK stream, the usage chunk included, is read
   only by ``stream_text()`` / ``stream_output()`` / ``get_output()``
   (``pydantic_ai/result.py``, ``AgentStream.get_output``: ``async for _ in self``). Read to

@@ -2,11 +2,12 @@
 
 1,000 concurrent async streaming requests on ONE ``AsyncOpenAI`` client (gathered under a
 semaphore of 200 to stay within file limits) while 8 threads make sync calls on one
-``OpenAI`` client. Every request must produce exactly one finalized span; the metric
-totals must equal what the spans say (acceptance_length count == spans with a mean,
-verify_steps == the sum of the spans' histograms, accepted/drafted totals likewise); and
-no context may bleed: each task runs under its own parent span and its own
-``spec_decode_otel.attributes(task=i)``, and its span carries exactly those.
+``OpenAI`` client; once on the SDK's default transport, once on its aiohttp one. Every
+request must produce exactly one finalized span; the metric totals must equal what the
+spans say (acceptance_length count == spans with a mean, verify_steps == the sum of the
+spans' histograms, accepted/drafted totals likewise); and no context may bleed: each task
+runs under its own parent span and its own ``spec_decode_otel.attributes(task=i)``, and
+its span carries exactly those.
 
 ``SPEC_DECODE_OTEL_LOAD_REQUESTS`` (async requests, default 1000) and
 ``SPEC_DECODE_OTEL_LOAD_SYNC_CALLS`` (per thread, default 40) size a bigger run.
@@ -23,6 +24,7 @@ from collections import Counter
 from typing import Any
 
 import openai
+import pytest
 from reliability_helpers import API_KEY, Otel, canary_messages, instrumented
 
 import spec_decode_otel
@@ -86,11 +88,19 @@ def _sync_worker(client: openai.OpenAI, thread: int, tracer: Any, out: dict, err
         errors.append(exc)
 
 
-async def test_concurrent_async_streams_and_sync_threads(simulator_url: str) -> None:
+@pytest.mark.parametrize("transport", ["httpx", "aiohttp"])
+async def test_concurrent_async_streams_and_sync_threads(
+    simulator_url: str, transport: str
+) -> None:
+    """``transport``: the async client's, the SDK's default or its aiohttp one
+    (``openai.DefaultAioHttpClient``, which the SDK recommends for concurrent async code)."""
     otel = Otel()
     tracer = otel.tracer_provider.get_tracer("load-test")
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    async_client = openai.AsyncOpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
+    http_client = openai.DefaultAioHttpClient() if transport == "aiohttp" else None
+    async_client = openai.AsyncOpenAI(
+        api_key=API_KEY, base_url=simulator_url, max_retries=0, http_client=http_client
+    )
     sync_client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
     sem = asyncio.Semaphore(CONCURRENCY)
     parents: dict[int, int] = {}
@@ -174,7 +184,7 @@ async def test_concurrent_async_streams_and_sync_threads(simulator_url: str) -> 
 
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(
-        f"\nload: {len(spans)} requests ({ASYNC_REQUESTS} async streams, "
+        f"\nload ({transport}): {len(spans)} requests ({ASYNC_REQUESTS} async streams, "
         f"{SYNC_THREADS}x{SYNC_CALLS} sync) in {elapsed:.1f}s; "
         f"max RSS {rss_after / 1024:.0f} MiB (+{(rss_after - rss_before) / 1024:.0f} MiB)"
     )

@@ -12,7 +12,8 @@
 #   openai2-py3.11 openai's major 2 (its last release), between the floor (1.x) and the
 #                  latest (3.x) the instruments extra allows; the other packages as latest.
 #                  Also the tests of frameworks that require openai < 3 (Instructor,
-#                  LlamaIndex), installed in this venv only.
+#                  LlamaIndex), installed in this venv only, and of openai 2's aiohttp
+#                  transport (another package than openai 3's).
 #
 # Venvs are cached under $SPEC_DECODE_OTEL_CACHE/venvs (default ~/.cache/spec-decode-otel),
 # keyed by interpreter, pins and requirements. The project itself is installed from this
@@ -44,7 +45,11 @@ OPENAI_2="openai==2.54.0"
 # llama-index-llms-openai 0.8 (under OpenAILike 0.8.1) requires openai<3. And httpx2, which
 # their span_counter fixture's module (tests/reliability/reliability_helpers.py) imports.
 OPENAI_2_FRAMEWORKS=(instructor==1.17.0 llama-index-llms-openai-like==0.8.1 httpx2)
-OPENAI_2_TESTS=(tests/integration/test_instructor.py tests/integration/test_llamaindex.py)
+# openai 2's aiohttp transport is another package's (httpx-aiohttp, on httpx; openai 3
+# vendors its own, on httpx2): its `aiohttp` extra, and the test of that transport.
+OPENAI_2_FRAMEWORKS+=(aiohttp "httpx-aiohttp>=0.1.9")
+OPENAI_2_TESTS=(tests/integration/test_instructor.py tests/integration/test_llamaindex.py
+  tests/integration/test_aiohttp_transport.py)
 TEST_TOOLS=(pytest pytest-asyncio pytest-timeout hypothesis httpx hatchling editables)
 EXTRAS="otlp,simulator,instruments"
 TESTS=(

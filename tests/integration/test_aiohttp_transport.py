@@ -1,8 +1,10 @@
 """The async client on the ``openai`` SDK's aiohttp transport, instrumented for real.
 
-``openai.DefaultAioHttpClient()`` (openai 3.63.0, ``_base_client.py``: an
-``httpx2.AsyncClient`` whose transport is the vendored ``httpx_aiohttp`` one) is what
-the SDK's README recommends for high-concurrency async code. Our wrapper sits on
+``openai.DefaultAioHttpClient()`` is what the SDK's README recommends for
+high-concurrency async code: in openai 3.63.0 (``_base_client.py``) an
+``httpx2.AsyncClient`` on the vendored ``openai._vendor.httpx_aiohttp`` transport, in
+openai 2.54.0 an ``httpx.AsyncClient`` on the ``httpx-aiohttp`` package's
+(``scripts/test-matrix.sh`` runs this file in its openai 2 venv). Our wrapper sits on
 ``AsyncAPIClient.request``, above the transport, and the raw-response readers read the
 SDK's response object, so nothing of ours should depend on it; these calls check that
 on every form a user reads a response in: ``create`` with and without a stream,

@@ -16,10 +16,10 @@
 #                  transport (another package than openai 3's).
 #
 # Venvs are cached under $SPEC_DECODE_OTEL_CACHE/venvs (default ~/.cache/spec-decode-otel),
-# keyed by interpreter, pins and requirements. The project itself is installed from this
-# checkout (editable, no index) on every run, so each venv tests this tree. The three runs
-# go in parallel, each with its own log and temporary directory; pytest's exit code 5
-# (nothing collected) counts as a failure.
+# keyed by interpreter, pins and requirements; one of another key goes after a week
+# unused. The project itself is installed from this checkout (editable, no index) on every
+# run, so each venv tests this tree. The runs go in parallel, each with its own log and
+# temporary directory; pytest's exit code 5 (nothing collected) counts as a failure.
 #
 # Environment:
 #   PYTHON                  interpreter of the main test environment (default: python3)
@@ -161,7 +161,11 @@ build() {
   "${venv}/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
     --no-build-isolation -e "$REPO" >&2
   "${venv}/bin/python" -m pip check >&2
-  find "$VENVS" -maxdepth 1 -name "${name}-*" ! -path "$venv" -exec rm -rf {} +
+  # Venvs of this name built for other pins: removed once unused for a week, not at once.
+  # The latest pins are the main environment's, so the machine's Python and a virtualenv
+  # key them differently, and runs of the two would otherwise rebuild them in turn.
+  touch "$venv"
+  find "$VENVS" -maxdepth 1 -name "${name}-*" ! -path "$venv" -mtime +7 -exec rm -rf {} +
   echo "$venv"
 }
 

@@ -92,3 +92,12 @@ def test_opentelemetry_instrument_with_the_distro_says_nothing(simulator_url: st
     )
     assert done.returncode == 0, done.stderr
     assert _hints(done.stdout) == []
+
+
+def test_opentelemetry_instrument_with_the_sdk_disabled_says_nothing(simulator_url: str) -> None:
+    """``OTEL_SDK_DISABLED=true`` turns telemetry off on purpose: no hint."""
+    done = run_under_opentelemetry_instrument(
+        APP, NO_SDK_CASE="zero-code", SIMULATOR_URL=simulator_url, OTEL_SDK_DISABLED="true"
+    )
+    assert done.returncode == 0, done.stderr
+    assert _hints(done.stdout) == []

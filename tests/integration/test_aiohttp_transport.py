@@ -76,20 +76,29 @@ async def test_create_on_aiohttp_gives_the_record_of_the_payload(
     assert spec_decode_attributes(span.attributes) == expected_span_attributes(record)
 
 
+@pytest.mark.parametrize("read", ["iter_lines", "iter_bytes", "iter_text"])
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 async def test_raw_and_streaming_responses_on_aiohttp_give_the_record(
     engine: str,
+    read: str,
     instrumented: Otel,
     simulator_url: str,
     aiohttp_client: openai.AsyncOpenAI,
 ) -> None:
+    """``read``: how the user reads the streamed body; aiohttp hands it over in its own
+    pieces, which our SSE decoding must take across any boundary."""
     completions = aiohttp_client.chat.completions
     plain = request_kwargs(engine, "chat", False, 7200)
     raw = await completions.with_raw_response.create(**plain)
     parsed = raw.parse()
     streamed = request_kwargs(engine, "chat", True, 7201)
     async with completions.with_streaming_response.create(**streamed) as response:
-        lines = [line async for line in response.iter_lines()]
+        if read == "iter_lines":
+            lines = [line async for line in response.iter_lines()]
+        elif read == "iter_bytes":
+            lines = b"".join([piece async for piece in response.iter_bytes()]).decode().split("\n")
+        else:
+            lines = "".join([piece async for piece in response.iter_text()]).split("\n")
     _, plain_record = record_of(simulator_url, plain)
     stream_payload, stream_record = record_of(simulator_url, streamed)
     assert parsed.choices and len([line for line in lines if line.startswith("data: {")]) == len(

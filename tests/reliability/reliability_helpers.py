@@ -7,6 +7,8 @@
   providers, undone on exit (a fresh pair per use, so no instrument outlives its test);
 - ``mock_client`` / ``async_mock_client``: real ``openai`` clients over an in-process
   ``httpx2.MockTransport`` (the SDK's own transport type; nothing of the SDK is replaced);
+- ``async_client(base_url, transport)``: an ``AsyncOpenAI`` on the SDK's default
+  transport (``httpx``) or its aiohttp one (``openai.DefaultAioHttpClient``);
 - ``canary()``: a prompt the privacy scan recognises if it ever shows up in telemetry;
 - ``internal_errors()``: every internal error the library reports inside the block.
 """
@@ -236,6 +238,13 @@ def async_mock_client(handler: Handler, **kwargs: Any) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(
         api_key=API_KEY, base_url=MOCK_BASE_URL, http_client=http, max_retries=0, **kwargs
     )
+
+
+def async_client(base_url: str, transport: str) -> openai.AsyncOpenAI:
+    """``transport``: ``httpx``, the SDK's default, or ``aiohttp``, the one the SDK
+    recommends for concurrent async code."""
+    http = openai.DefaultAioHttpClient() if transport == "aiohttp" else None
+    return openai.AsyncOpenAI(api_key=API_KEY, base_url=base_url, max_retries=0, http_client=http)
 
 
 def sse(chunks: list[Any]) -> bytes:

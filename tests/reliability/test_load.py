@@ -25,7 +25,7 @@ from typing import Any
 
 import openai
 import pytest
-from reliability_helpers import API_KEY, Otel, canary_messages, instrumented
+from reliability_helpers import API_KEY, Otel, async_client, canary_messages, instrumented
 
 import spec_decode_otel
 from spec_decode_otel.telemetry import (
@@ -97,10 +97,7 @@ async def test_concurrent_async_streams_and_sync_threads(
     otel = Otel()
     tracer = otel.tracer_provider.get_tracer("load-test")
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    http_client = openai.DefaultAioHttpClient() if transport == "aiohttp" else None
-    async_client = openai.AsyncOpenAI(
-        api_key=API_KEY, base_url=simulator_url, max_retries=0, http_client=http_client
-    )
+    client = async_client(simulator_url, transport)
     sync_client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
     sem = asyncio.Semaphore(CONCURRENCY)
     parents: dict[int, int] = {}
@@ -113,7 +110,7 @@ async def test_concurrent_async_streams_and_sync_threads(
                 tracer.start_as_current_span(f"task-{i}") as parent,
                 spec_decode_otel.attributes(task=i),
             ):
-                stream = await async_client.chat.completions.create(**_kwargs(i, True))
+                stream = await client.chat.completions.create(**_kwargs(i, True))
                 chunks = 0
                 async for _ in stream:
                     chunks += 1
@@ -138,7 +135,7 @@ async def test_concurrent_async_streams_and_sync_threads(
                 thread.join(timeout=240)
             assert not any(thread.is_alive() for thread in threads)
     finally:
-        await async_client.close()
+        await client.close()
         sync_client.close()
     elapsed = time.perf_counter() - started
     assert not errors, errors

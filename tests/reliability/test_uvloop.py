@@ -22,7 +22,7 @@ import openai
 import pytest
 import uvloop
 from opentelemetry.trace import StatusCode
-from reliability_helpers import API_KEY, Otel, canary_messages, instrumented
+from reliability_helpers import Otel, async_client, canary_messages, instrumented
 
 import spec_decode_otel
 
@@ -92,10 +92,7 @@ def test_concurrent_streams_on_uvloop_end_once_each_with_their_outcome(
 
     async def main() -> dict[int, int]:
         assert isinstance(asyncio.get_running_loop(), uvloop.Loop)
-        http_client = openai.DefaultAioHttpClient() if transport == "aiohttp" else None
-        client = openai.AsyncOpenAI(
-            api_key=API_KEY, base_url=simulator_url, max_retries=0, http_client=http_client
-        )
+        client = async_client(simulator_url, transport)
         try:
             parents = await run_all(client, otel)
             # dropped streams end on the finalizer's thread, a moment after they go

@@ -18,28 +18,28 @@ against the simulator over HTTP, LiteLLM's exporter posting to a loopback OTLP/H
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from collector_sink import attributes, running_sink
 
 from otlp_values import clean_env
 
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
 #: ``openai/`` goes through the ``openai`` SDK; one plain call and one stream.
 APP = """
 import json, logging, os
 import litellm
+from app_probes import Logged
 from spec_decode_otel import SpecDecodeInstrumentor
 
-logged = []
-
-class Warnings(logging.Handler):
-    def emit(self, record):
-        if record.name.startswith("spec_decode_otel") and record.levelno >= logging.WARNING:
-            logged.append(record.getMessage())
-
-logging.getLogger("spec_decode_otel").addHandler(Warnings())
+logged = Logged()
+logging.getLogger("spec_decode_otel").addHandler(logged)
 SpecDecodeInstrumentor().instrument()
 litellm.callbacks = ["otel"]
 kwargs = dict(
@@ -53,7 +53,7 @@ kwargs = dict(
 text = litellm.completion(**kwargs).choices[0].message.content
 chunks = sum(1 for _ in litellm.completion(
     **kwargs, stream=True, stream_options={"include_usage": True}))
-print(json.dumps({"text": bool(text), "chunks": chunks, "logged": logged}))
+print(json.dumps({"text": bool(text), "chunks": chunks, "logged": logged.records}))
 """
 
 
@@ -66,6 +66,7 @@ def run(simulator_url: str, endpoint: str, **env: str) -> dict[str, object]:
             OTEL_EXPORTER="otlp_http",
             OTEL_ENDPOINT=endpoint,
             LITELLM_LOCAL_MODEL_COST_MAP="True",
+            PYTHONPATH=os.pathsep.join((str(REPO / "src"), str(HERE))),
             **env,
         ),
         capture_output=True,

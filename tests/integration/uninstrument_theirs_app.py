@@ -3,8 +3,9 @@ order given, then uninstruments OpenInference only and makes one call, for
 ``test_uninstrument_theirs.py``: run in the ``openinference`` coexistence venv.
 
 Arguments: ``theirs-first`` or ``ours-first``, then optionally ``then-ours-again``
-(uninstrument and instrument ours after theirs is gone). Environment: ``SIMULATOR_URL``. Prints one
-JSON line: the instrumentation scope and ``spec_decode.outcome`` of each span exported.
+(uninstrument and instrument ours after theirs is gone). Environment: ``SIMULATOR_URL``.
+Prints one JSON line: the instrumentation scope and ``spec_decode.outcome`` of each span
+exported.
 """
 
 from __future__ import annotations

@@ -4,10 +4,9 @@
 #
 # What it installs: the package with its test extras (pip); the OpenTelemetry Collector
 # built from collector-config/builder-manifest.yaml and Jaeger v2 (Go, cached outside the
-# repo); Prometheus (Debian package), and promtool of Prometheus 3.5.0, the compose
-# stack's version (Go, cached), to check the rules with as well. Then: ruff, mypy, pytest
-# (unit, integration, e2e), the version matrix (scripts/test-matrix.sh) and the overhead
-# benchmark in --quick mode as a smoke run.
+# repo); Prometheus 3.16.0 and its promtool, the compose stack's version (Go, cached).
+# Then: ruff, mypy, pytest (unit, integration, e2e), the version matrix
+# (scripts/test-matrix.sh) and the overhead benchmark in --quick mode as a smoke run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -23,14 +22,9 @@ step "OpenTelemetry Collector (built with the Collector Builder; cached)"
 OTELCOL="$(bash scripts/install-collector.sh | tail -n 1)"
 export SPEC_DECODE_OTEL_OTELCOL="$OTELCOL"
 
-step "Prometheus (Debian package)"
+step "Prometheus 3.16.0 and promtool, the compose stack's version (built from its Go module; cached)"
 PROMETHEUS="$(bash scripts/install-prometheus.sh | tail -n 1)"
 export SPEC_DECODE_OTEL_PROMETHEUS="$PROMETHEUS"
-
-step "promtool of Prometheus 3.5.0, the compose stack's version (built from its Go module; cached)"
-# tests/e2e/test_prometheus_rules.py checks the rules with this one and Debian's 2.42.
-PROMTOOL_V3="$(bash scripts/install-promtool.sh | tail -n 1)"
-export SPEC_DECODE_OTEL_PROMTOOL_V3="$PROMTOOL_V3"
 
 step "trace store (Jaeger v2; cached)"
 JAEGER="$(bash scripts/install-jaeger.sh | tail -n 1)"

@@ -24,7 +24,6 @@ import atexit
 import contextlib
 import ctypes
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -47,7 +46,6 @@ SCRIPTS_DIR = REPO_ROOT / "scripts"
 ENV_OTELCOL = "SPEC_DECODE_OTEL_OTELCOL"
 ENV_JAEGER = "SPEC_DECODE_OTEL_JAEGER"
 ENV_PROMETHEUS = "SPEC_DECODE_OTEL_PROMETHEUS"
-ENV_PROMTOOL_V3 = "SPEC_DECODE_OTEL_PROMTOOL_V3"
 
 #: Prometheus scrape interval in the tests: short, so a demo run of a few seconds is
 #: scraped several times (rate() needs two samples of a series that changed).
@@ -111,19 +109,18 @@ def find_jaeger() -> str:
 
 
 def find_prometheus() -> str:
-    """Prometheus (env var, else PATH, else install script)."""
-    path = os.environ.get(ENV_PROMETHEUS) or shutil.which("prometheus")
+    """Prometheus of the compose stack's version, promtool beside it (env var, else the
+    install script, which reuses its cache). Not one found on PATH: a distribution's
+    package is another version than the one the stack ships."""
+    path = os.environ.get(ENV_PROMETHEUS)
     if path:
-        return _executable(path, "prometheus")
+        return _executable(path, ENV_PROMETHEUS)
     return _executable(_run_install_script("install-prometheus.sh"), "install-prometheus.sh")
 
 
-def find_promtool_v3() -> str:
-    """promtool of the compose stack's Prometheus 3 (env var, else install script)."""
-    path = os.environ.get(ENV_PROMTOOL_V3)
-    if path:
-        return _executable(path, ENV_PROMTOOL_V3)
-    return _executable(_run_install_script("install-promtool.sh"), "install-promtool.sh")
+def find_promtool() -> str:
+    """promtool of the same build, beside :func:`find_prometheus`'s server."""
+    return _executable(str(Path(find_prometheus()).with_name("promtool")), "promtool")
 
 
 # --------------------------------------------------------------------------- ports
@@ -408,7 +405,9 @@ def start_stack(
                 f"--config.file={prom_config}",
                 f"--storage.tsdb.path={workdir / 'prometheus-data'}",
                 f"--web.listen-address=127.0.0.1:{prom_port}",
+                # As docker-compose.yaml runs it.
                 "--enable-feature=exemplar-storage",
+                "--web.enable-otlp-receiver",
                 "--storage.tsdb.retention.time=1h",
                 "--log.level=warn",
             ],

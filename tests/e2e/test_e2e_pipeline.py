@@ -978,7 +978,7 @@ def two_ports(e2e_stack: Stack, prom: httpx.Client) -> dict[str, Any]:
 def test_two_servers_on_one_host_stay_apart(two_ports: dict[str, Any], prom: httpx.Client) -> None:
     """Two engines on one host (vLLM on two ports of 127.0.0.1): server.address is the
     same, server.port is not, and a user running both wants them apart. On the real
-    Prometheus (2.42, the shipped rules evaluated every second):
+    Prometheus (the compose stack's version, the shipped rules evaluated every second):
       - the share of calls with statistics (job_model_server rules) is one series per
         port: 1 for the server that answers every call with statistics, under 1 for the
         one whose streams have none (merged, the host read one figure for both);

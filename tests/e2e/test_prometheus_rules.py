@@ -1,26 +1,19 @@
 """collector-config/prometheus-rules.yml: checked, unit-tested, and run on the real pipeline.
 
-Not marked e2e (they need only ``promtool``). The promtool checks run with two of them,
-and each is required (missing is a failure, not a skip):
-  - ``e2e-prometheus``: the promtool beside the e2e tests' Prometheus, Debian's package
-    (2.42; found like the e2e binaries: ``SPEC_DECODE_OTEL_PROMETHEUS``, else PATH, else
-    ``scripts/install-prometheus.sh``);
-  - ``compose-prometheus``: promtool of Prometheus 3.5.0, the version the compose stack
-    runs (docker-compose.yaml: ``image: prom/prometheus:v3.5.0``), built from the Go
-    module github.com/prometheus/prometheus v0.305.0 (its VERSION file: 3.5.0) by
-    ``scripts/install-promtool.sh`` (``SPEC_DECODE_OTEL_PROMTOOL_V3``, else that script).
-    Prometheus 3's range selectors are left-open, (t - w, t] where 2.x selects
-    [t - w, t] (that module's CHANGELOG.md, 3.0.0: "Range selectors and the lookback delta
-    are now left-open", #13904; promql/engine.go keeps a sample only if ``t > mint``), so
-    the unit tests must hold under both.
-With each:
+Not marked e2e (they need only ``promtool``): the promtool beside the e2e tests'
+Prometheus, the compose stack's version (docker-compose.yaml's
+``prom/prometheus:v3.16.0``), built from the Go module github.com/prometheus/prometheus
+v0.316.0 (its VERSION file: 3.16.0) by ``scripts/install-prometheus.sh``
+(``SPEC_DECODE_OTEL_PROMETHEUS``, else that script); missing is a failure, not a skip.
+With it:
   - ``promtool check rules`` accepts the rules file and counts every rule in it;
   - ``promtool test rules`` passes prometheus-rules.test.yml, and that file gives every
-    recording rule an expected value and every alert a firing and a quiet case;
+    recording rule an expected value and every alert a firing and a quiet case; and
+    prometheus-rules-native.test.yml, the quantile rules over native histograms;
   - ``promtool check config`` accepts prometheus.yml and loads the rules file through it;
     docker-compose.yaml mounts the rules file where prometheus.yml looks for it;
-  - the v3 promtool says the version of compose's Prometheus image, the version
-    scripts/install-promtool.sh pins;
+  - the server and promtool say the version of compose's Prometheus image, the version
+    scripts/install-prometheus.sh pins;
   - every alert has ``for``, a severity and a summary and description; every rule is
     documented in collector-config/README.md.
 
@@ -46,8 +39,7 @@ from e2e_stack import (
     CONFIG_DIR,
     REPO_ROOT,
     StackError,
-    find_prometheus,
-    find_promtool_v3,
+    find_promtool,
     prom_query,
 )
 
@@ -55,10 +47,11 @@ from conftest import Workload
 
 RULES = CONFIG_DIR / "prometheus-rules.yml"
 RULES_TEST = CONFIG_DIR / "prometheus-rules.test.yml"
+RULES_NATIVE_TEST = CONFIG_DIR / "prometheus-rules-native.test.yml"
 PROMETHEUS_CONFIG = CONFIG_DIR / "prometheus.yml"
 COMPOSE = CONFIG_DIR / "docker-compose.yaml"
 README = CONFIG_DIR / "README.md"
-INSTALL_PROMTOOL = REPO_ROOT / "scripts" / "install-promtool.sh"
+INSTALL_PROMETHEUS = REPO_ROOT / "scripts" / "install-prometheus.sh"
 RULES_TIMEOUT_S = 60
 
 
@@ -76,18 +69,6 @@ def _alerts() -> list[dict[str, Any]]:
     return [r for r in _rules() if "alert" in r]
 
 
-def _promtool_beside_prometheus() -> str:
-    """The promtool beside the prometheus binary the e2e tests use."""
-    try:
-        prometheus = Path(find_prometheus())
-    except StackError as exc:
-        pytest.fail(f"no prometheus binary, so no promtool: {exc}", pytrace=False)
-    for candidate in (prometheus.with_name("promtool"), prometheus.resolve().with_name("promtool")):
-        if candidate.is_file():
-            return str(candidate)
-    pytest.fail(f"no promtool beside {prometheus}", pytrace=False)
-
-
 def _compose_prometheus_version() -> str:
     """The version of the compose stack's Prometheus image (``prom/prometheus:vX.Y.Z``)."""
     image = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))["services"]["prometheus"]["image"]
@@ -97,21 +78,12 @@ def _compose_prometheus_version() -> str:
 
 
 @pytest.fixture(scope="module")
-def promtool_v3() -> str:
-    """promtool of the compose stack's Prometheus (env var, else scripts/install-promtool.sh)."""
+def promtool() -> str:
+    """promtool of the compose stack's Prometheus: see the module's docstring."""
     try:
-        return find_promtool_v3()
+        return find_promtool()
     except StackError as exc:
         pytest.fail(str(exc), pytrace=False)
-
-
-@pytest.fixture(scope="module", params=["e2e-prometheus", "compose-prometheus"])
-def promtool(request: pytest.FixtureRequest) -> str:
-    """Each promtool the rules must pass: see the module's docstring."""
-    if request.param == "compose-prometheus":
-        path: str = request.getfixturevalue("promtool_v3")
-        return path
-    return _promtool_beside_prometheus()
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -129,8 +101,9 @@ def test_promtool_checks_the_rules(promtool: str) -> None:
     assert f"SUCCESS: {len(_rules())} rules found" in proc.stdout, proc.stdout
 
 
-def test_promtool_unit_tests_pass(promtool: str) -> None:
-    proc = _run([promtool, "test", "rules", str(RULES_TEST)])
+@pytest.mark.parametrize("tests", [RULES_TEST, RULES_NATIVE_TEST], ids=lambda p: p.name)
+def test_promtool_unit_tests_pass(promtool: str, tests: Path) -> None:
+    proc = _run([promtool, "test", "rules", str(tests)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout and "FAILED" not in proc.stdout, proc.stdout
 
@@ -164,15 +137,17 @@ def test_compose_mounts_the_rules_where_the_config_looks() -> None:
         )
 
 
-def test_promtool_v3_is_the_version_compose_runs(promtool_v3: str) -> None:
-    """The v3 promtool is of the compose stack's Prometheus, and the install script pins it."""
+def test_prometheus_is_the_version_compose_runs(promtool: str) -> None:
+    """The e2e Prometheus and its promtool are of the compose stack's image, and the
+    install script pins that version."""
     version = _compose_prometheus_version()
     assert int(version.split(".")[0]) >= 3, version
-    proc = _run([promtool_v3, "--version"])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    first_line = (proc.stdout + proc.stderr).splitlines()[0]
-    assert first_line.startswith(f"promtool, version {version} "), first_line
-    script = INSTALL_PROMTOOL.read_text(encoding="utf-8")
+    for binary in (promtool, str(Path(promtool).with_name("prometheus"))):
+        proc = _run([binary, "--version"])
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        first_line = (proc.stdout + proc.stderr).splitlines()[0]
+        assert first_line.startswith(f"{Path(binary).name}, version {version} "), first_line
+    script = INSTALL_PROMETHEUS.read_text(encoding="utf-8")
     assert f'PROMETHEUS_VERSION="v{version}"' in script
 
 

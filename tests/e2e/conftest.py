@@ -146,14 +146,22 @@ def _demo_command() -> list[str]:
     return [sys.executable, "-m", "spec_decode_otel"]
 
 
-def _run_demo(stack: Stack, protocol: str, workdir: Path, requests: int) -> Workload:
-    tag = "grpc" if protocol == "grpc" else "http"
+def run_demo(
+    endpoint: str,
+    protocol: str,
+    workdir: Path,
+    requests: int,
+    tag: str,
+    extra_env: Mapping[str, str] | None = None,
+) -> Workload:
+    """``spec-decode-otel demo`` exporting to the collector at ``endpoint``, as service
+    ``sdo-e2e-<tag>-<random>``, with ``extra_env`` over the OTel variables."""
     service = f"sdo-e2e-{tag}-{uuid.uuid4().hex[:8]}"
     records_path = workdir / f"records-{tag}.jsonl"
     log_path = workdir / f"demo-{tag}.log"
     env = child_env(
         {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": stack.otlp_endpoint(protocol),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
             "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
             "OTEL_SERVICE_NAME": service,
             "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=e2e",
@@ -161,6 +169,7 @@ def _run_demo(stack: Stack, protocol: str, workdir: Path, requests: int) -> Work
             # grow during the run: rate() needs two different samples of a series.
             "OTEL_METRIC_EXPORT_INTERVAL": "100",
             "OTEL_BSP_SCHEDULE_DELAY": "100",
+            **(extra_env or {}),
         }
     )
     argv = [
@@ -200,14 +209,18 @@ def _run_demo(stack: Stack, protocol: str, workdir: Path, requests: int) -> Work
     return Workload(protocol, service, records, started, finished, log_text)
 
 
-def _wait_ingested(prom: httpx.Client, workload: Workload) -> None:
-    """Wait until Prometheus has the run's final totals (the demo flushed on exit)."""
+def wait_ingested(prom: httpx.Client, workload: Workload) -> None:
+    """Wait until Prometheus has the run's final totals (the demo flushed on exit), from
+    classic histograms or native ones."""
     want_requests = len(workload.records)
     want_steps = sum(r["record"]["num_spec_steps"] for r in workload.records)
+    sel = workload.job_matcher
     deadline = time.monotonic() + INGEST_TIMEOUT_S
     while time.monotonic() < deadline:
         count = prom_scalar(
-            prom, f"sum(spec_decode_acceptance_length_count{{{workload.job_matcher}}})"
+            prom,
+            f"sum(spec_decode_acceptance_length_count{{{sel}}})"
+            f" or histogram_count(sum(spec_decode_acceptance_length{{{sel}}}))",
         )
         steps = prom_scalar(prom, f"sum(spec_decode_verify_steps_total{{{workload.job_matcher}}})")
         if count == want_requests and steps == want_steps:
@@ -225,8 +238,11 @@ def workloads(
     requests = int(os.environ.get("SPEC_DECODE_OTEL_E2E_REQUESTS", "120"))
     runs: dict[str, Workload] = {}
     for protocol in PROTOCOLS:
-        runs[protocol] = _run_demo(e2e_stack, protocol, workdir, requests)
-        _wait_ingested(prom, runs[protocol])
+        tag = "grpc" if protocol == "grpc" else "http"
+        runs[protocol] = run_demo(
+            e2e_stack.otlp_endpoint(protocol), protocol, workdir, requests, tag
+        )
+        wait_ingested(prom, runs[protocol])
     return runs
 
 

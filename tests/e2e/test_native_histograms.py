@@ -16,9 +16,9 @@ docker-compose.yaml runs it), the demo runs three more ways:
 
 For each: every panel of the shipped dashboard (but the "Client vs server" row, which
 reads the inference servers' own metrics) has data for the run's service, the overview's
-formulas over totals equal the records, and where the histograms are native the
-per-request median of the acceptance length matches the records' within the resolution
-of the buckets. Found by running it: Prometheus 3.5.0 (the compose stack's version
+formulas over totals equal the records, exemplars name the run's requests, and where the
+histograms are native the per-request median of the acceptance length matches the
+records' within the resolution of the buckets. Found by running it: Prometheus 3.5.0 (the compose stack's version
 before) failed every scrape of a collector whose metric family held both classic and
 native histograms ("histogram's observation count should equal the number of
 observations found in the buckets", fixed in 3.15.0, #19452), so one application
@@ -32,6 +32,7 @@ import json
 import math
 import re
 import statistics
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from e2e_stack import (
     child_env,
     find_otelcol,
     port_open,
+    prom_exemplars,
     prom_query,
     prom_scalar,
     wait_until,
@@ -235,3 +237,32 @@ def test_the_collector_scrape_stays_up_with_mixed_families(
     sel = runs["scrape-exponential"].job_matcher
     count = prom_scalar(prom, f"histogram_count(sum(spec_decode_acceptance_length{{{sel}}}))")
     assert count == len(runs["scrape-exponential"].records)
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_exemplars_name_the_run_s_requests(
+    runs: dict[str, Workload], prom: httpx.Client, way: str
+) -> None:
+    """Exemplars reach Prometheus each way (OTLP push and native scrape as well as the
+    classic scrape of test_e2e_pipeline.py): each names a trace of one of the run's
+    requests and carries that request's mean acceptance length."""
+    run = runs[way]
+    series = "spec_decode_acceptance_length" + ("_bucket" if way == "push-classic" else "")
+    values_by_trace: dict[str, list[float]] = {}
+    for row in run.records:
+        values_by_trace.setdefault(row["trace_id"], []).append(
+            row["record"]["mean_acceptance_length"]
+        )
+    exemplars: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 15
+    while not exemplars and time.monotonic() < deadline:
+        exemplars = prom_exemplars(
+            prom, f"{series}{{{run.job_matcher}}}", run.started - 60, time.time() + 60
+        )
+        if not exemplars:
+            time.sleep(0.5)
+    assert exemplars, f"no exemplar on {series} of {way}"
+    for ex in exemplars:
+        trace_id = ex["labels"].get("trace_id")
+        assert trace_id in values_by_trace, ex
+        assert any(math.isclose(float(ex["value"]), v) for v in values_by_trace[trace_id]), ex

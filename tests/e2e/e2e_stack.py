@@ -52,6 +52,9 @@ ENV_PROMETHEUS = "SPEC_DECODE_OTEL_PROMETHEUS"
 SCRAPE_INTERVAL = "250ms"
 #: Prometheus rule evaluation interval in the tests (collector-config/prometheus-rules.yml).
 RULE_EVALUATION_INTERVAL = "1s"
+#: The flags docker-compose.yaml gives Prometheus beside its config and data paths:
+#: exemplar storage, and the OTLP receiver otelcol-prometheus-otlp.yaml pushes to.
+COMPOSE_PROMETHEUS_FLAGS = ("--enable-feature=exemplar-storage", "--web.enable-otlp-receiver")
 #: The scrape job of the inference servers' own /metrics (README: Client vs server).
 SERVERS_JOB = "inference-servers"
 
@@ -405,9 +408,7 @@ def start_stack(
                 f"--config.file={prom_config}",
                 f"--storage.tsdb.path={workdir / 'prometheus-data'}",
                 f"--web.listen-address=127.0.0.1:{prom_port}",
-                # As docker-compose.yaml runs it.
-                "--enable-feature=exemplar-storage",
-                "--web.enable-otlp-receiver",
+                *COMPOSE_PROMETHEUS_FLAGS,
                 "--storage.tsdb.retention.time=1h",
                 "--log.level=warn",
             ],

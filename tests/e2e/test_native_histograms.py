@@ -18,12 +18,12 @@ For each: every panel of the shipped dashboard (but the "Client vs server" row, 
 reads the inference servers' own metrics) has data for the run's service, the overview's
 formulas over totals equal the records, exemplars name the run's requests, and where the
 histograms are native the per-request median of the acceptance length matches the
-records' within the resolution of the buckets. Found by running it: Prometheus 3.5.0 (the compose stack's version
-before) failed every scrape of a collector whose metric family held both classic and
-native histograms ("histogram's observation count should equal the number of
-observations found in the buckets", fixed in 3.15.0, #19452), so one application
-exporting exponential histograms emptied the dashboard for every application behind that
-collector; the scrape target must stay up here.
+records' within the resolution of the buckets. Found by running it: Prometheus 3.5.0
+(the compose stack's version before) failed every scrape of a collector whose metric
+family held both classic and native histograms ("histogram's observation count should
+equal the number of observations found in the buckets", fixed in 3.15.0, #19452), so one
+application exporting exponential histograms emptied the dashboard for every application
+behind that collector; the scrape target must stay up here.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ import httpx
 import pytest
 import yaml
 from e2e_stack import (
+    COMPOSE_PROMETHEUS_FLAGS,
     CONFIG_DIR,
     REPO_ROOT,
     StackError,
@@ -135,6 +136,16 @@ def test_compose_mounts_the_rules_where_the_config_looks() -> None:
         assert mounts.get(f"{config_dir}/{rule_file}") == (CONFIG_DIR / rule_file).resolve(), (
             f"{rule_file} is not mounted at {config_dir}/{rule_file}: {prometheus['volumes']}"
         )
+
+
+def test_e2e_prometheus_runs_with_the_compose_flags() -> None:
+    """The e2e stack starts Prometheus with the flags compose gives it (beyond the config
+    file and data directory, which differ by design), so the tests run what users run."""
+    command = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))["services"]["prometheus"][
+        "command"
+    ]
+    flags = {f for f in command if not f.startswith(("--config.file=", "--storage.tsdb.path="))}
+    assert flags == set(COMPOSE_PROMETHEUS_FLAGS), command
 
 
 def test_prometheus_is_the_version_compose_runs(promtool: str) -> None:

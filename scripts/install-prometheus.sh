@@ -51,21 +51,8 @@ if [[ -x "${BIN}" && -x "${PROMTOOL}" && "${PROMETHEUS_FORCE_REBUILD:-0}" != "1"
   exit 0
 fi
 
-GO="${GO:-$(command -v go || true)}"
-if [[ -z "${GO}" && -x /usr/local/go/bin/go ]]; then GO=/usr/local/go/bin/go; fi
-if [[ -z "${GO}" ]]; then
-  log "error: no Go toolchain found (set GO=/path/to/go)"
-  exit 1
-fi
-export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
-# No VCS stamping (the throw-away module is not a repository) and no cgo (pure Go,
-# no C compiler needed, faster link).
-export GOFLAGS="${GOFLAGS:--buildvcs=false}"
-export CGO_ENABLED=0
-
-mkdir -p "${DEST_DIR}"
-WORK="$(mktemp -d "${DEST_DIR}/build.XXXXXX")"
-trap 'rm -rf "${WORK}"' EXIT
+# shellcheck source=go-build-env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/go-build-env.sh"
 
 log "building prometheus and promtool ${PROMETHEUS_VERSION} (module ${PROMETHEUS_MODULE_VERSION}) with $("${GO}" version)"
 start=$(date +%s)

@@ -510,6 +510,19 @@ def prom_exemplars(
     return out
 
 
+def wait_for_exemplars(
+    client: httpx.Client, expr: str, start: float, timeout: float = 15
+) -> list[dict[str, Any]]:
+    """:func:`prom_exemplars` of ``expr`` from ``start`` on, polled until some arrive or
+    ``timeout`` seconds pass (then empty)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        exemplars = prom_exemplars(client, expr, start, time.time() + 60)
+        if exemplars or time.monotonic() > deadline:
+            return exemplars
+        time.sleep(0.5)
+
+
 def _otlp_value(value: dict[str, Any]) -> Any:
     if "stringValue" in value:
         return value["stringValue"]

@@ -30,10 +30,10 @@ from e2e_stack import (
     Stack,
     jaeger_trace_spans,
     prom_by_label,
-    prom_exemplars,
     prom_label_values,
     prom_query,
     prom_scalar,
+    wait_for_exemplars,
 )
 
 from conftest import PROTOCOLS, Reconciliation, Workload, host_port
@@ -251,17 +251,9 @@ def test_exemplars_link_metrics_to_traces(
             line["record"]["mean_acceptance_length"]
         )
 
-    exemplars: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 15
-    while not exemplars and time.monotonic() < deadline:
-        exemplars = prom_exemplars(
-            prom,
-            f"spec_decode_acceptance_length_bucket{{{w.job_matcher}}}",
-            w.started - 60,
-            time.time() + 60,
-        )
-        if not exemplars:
-            time.sleep(0.5)
+    exemplars = wait_for_exemplars(
+        prom, f"spec_decode_acceptance_length_bucket{{{w.job_matcher}}}", w.started - 60
+    )
     assert exemplars, "no exemplar on spec_decode_acceptance_length_bucket"
 
     for ex in exemplars:

@@ -32,7 +32,6 @@ import json
 import math
 import re
 import statistics
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,9 +46,9 @@ from e2e_stack import (
     child_env,
     find_otelcol,
     port_open,
-    prom_exemplars,
     prom_query,
     prom_scalar,
+    wait_for_exemplars,
     wait_until,
 )
 
@@ -253,14 +252,7 @@ def test_exemplars_name_the_run_s_requests(
         values_by_trace.setdefault(row["trace_id"], []).append(
             row["record"]["mean_acceptance_length"]
         )
-    exemplars: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 15
-    while not exemplars and time.monotonic() < deadline:
-        exemplars = prom_exemplars(
-            prom, f"{series}{{{run.job_matcher}}}", run.started - 60, time.time() + 60
-        )
-        if not exemplars:
-            time.sleep(0.5)
+    exemplars = wait_for_exemplars(prom, f"{series}{{{run.job_matcher}}}", run.started - 60)
     assert exemplars, f"no exemplar on {series} of {way}"
     for ex in exemplars:
         trace_id = ex["labels"].get("trace_id")

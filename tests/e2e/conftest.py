@@ -222,7 +222,7 @@ def wait_ingested(prom: httpx.Client, workload: Workload) -> None:
             f"sum(spec_decode_acceptance_length_count{{{sel}}})"
             f" or histogram_count(sum(spec_decode_acceptance_length{{{sel}}}))",
         )
-        steps = prom_scalar(prom, f"sum(spec_decode_verify_steps_total{{{workload.job_matcher}}})")
+        steps = prom_scalar(prom, f"sum(spec_decode_verify_steps_total{{{sel}}})")
         if count == want_requests and steps == want_steps:
             return
         time.sleep(0.25)

@@ -30,14 +30,12 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
+import openai
 import pytest
 
-httpx = pytest.importorskip("httpx")
-openai = pytest.importorskip("openai")
-pytest.importorskip("fastapi")
-
-from spec_decode_otel import record_from_json  # noqa: E402
-from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer  # noqa: E402
+from spec_decode_otel import record_from_json
+from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer
 
 PATHS = ["/chat/completions", "/completions"]
 

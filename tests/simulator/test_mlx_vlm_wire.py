@@ -22,13 +22,11 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
-httpx = pytest.importorskip("httpx")
-pytest.importorskip("fastapi")
-
-from spec_decode_otel import record_from_json  # noqa: E402
-from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer  # noqa: E402
+from spec_decode_otel import record_from_json
+from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer
 
 #: ``GenerationTimings``' fields (``server/schemas.py``).
 GENERATION_TIMINGS = {

@@ -57,13 +57,11 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
+import openai
 import pytest
 
-httpx = pytest.importorskip("httpx")
-openai = pytest.importorskip("openai")
-pytest.importorskip("fastapi")
-
-from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer  # noqa: E402
+from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer
 
 SGLANG_SERVERS = ("sglang", "sglang-no-histogram")
 META_STREAM_REFUSED = {

@@ -37,13 +37,11 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
-httpx = pytest.importorskip("httpx")
-pytest.importorskip("fastapi")
-
-from spec_decode_otel import record_from_json  # noqa: E402
-from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer, shapes  # noqa: E402
+from spec_decode_otel import record_from_json
+from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer, shapes
 
 
 @pytest.fixture(scope="module")

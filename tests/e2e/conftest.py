@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,7 @@ from e2e_stack import (
 )
 
 from simulator_process import SimulatorProcess
+from spec_decode_otel.telemetry import MAX_DRAFT_POSITIONS, OVERFLOW_VALUE
 
 PROTOCOLS = ("grpc", "http/protobuf")
 DEMO_TIMEOUT_S = 180
@@ -246,6 +248,44 @@ def workloads(
     return runs
 
 
+# --------------------------------------------------------------------------- expectations
+
+
+def _position_label(p: int) -> str:
+    return str(p) if p < MAX_DRAFT_POSITIONS else OVERFLOW_VALUE
+
+
+class Expected:
+    """What the records (the demo's rows with a record) say the metrics must add up to."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        recs = [r["record"] for r in records]
+        self.mal = [
+            r["mean_acceptance_length"] for r in recs if r.get("mean_acceptance_length") is not None
+        ]
+        self.dar = [
+            r["draft_acceptance_rate"] for r in recs if r.get("draft_acceptance_rate") is not None
+        ]
+        self.accepted = sum(r.get("num_accepted_draft_tokens") or 0 for r in recs)
+        self.drafted = sum(r.get("num_draft_tokens") or 0 for r in recs)
+        self.steps_by_j: Counter[str] = Counter()
+        self.at_position: Counter[str] = Counter()
+        for r in recs:
+            hist = {int(j): int(c) for j, c in (r.get("acceptance_histogram") or {}).items()}
+            for j, c in hist.items():
+                self.steps_by_j[_position_label(j)] += c
+                # A step that accepted j drafts accepted draft positions 0..j-1.
+                for p in range(j):
+                    self.at_position[_position_label(p)] += c
+        self.steps = sum(self.steps_by_j.values())
+        self.engines = Counter(r["engine"] for r in records)
+        self.models = {r["model"] for r in records}
+
+    @property
+    def token_weighted_al(self) -> float:
+        return 1.0 + self.accepted / self.steps
+
+
 # --------------------------------------------------------------------------- reconciliation
 
 #: The dashboard's "Client vs server" row.
@@ -254,16 +294,37 @@ DASHBOARD = REPO_ROOT / "collector-config" / "grafana" / "dashboards" / "spec-de
 MESSAGES = [{"role": "user", "content": "Reconcile the client with the server."}]
 
 
+def dashboard() -> dict[str, Any]:
+    """The shipped dashboard, as Grafana provisions it."""
+    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    return loaded
+
+
+def dashboard_targets() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(title of the row it sits under, panel, target) of every query of the dashboard,
+    in order; ``""`` for panels above the first row, and a collapsed row's own panels
+    under it."""
+    out, row = [], ""
+    for panel in dashboard()["panels"]:
+        if panel["type"] == "row":
+            row = panel["title"]
+        for sub in [panel, *panel.get("panels", [])]:
+            out += [(row, sub, target) for target in sub.get("targets", [])]
+    return out
+
+
 def row_targets() -> list[tuple[str, dict[str, Any]]]:
     """(panel title, target) of every panel in the dashboard's "Client vs server" row."""
-    panels = json.loads(DASHBOARD.read_text(encoding="utf-8"))["panels"]
-    out, inside = [], False
-    for panel in panels:
-        if panel["type"] == "row":
-            inside = panel["title"].startswith(ROW)
-        elif inside:
-            out += [(panel["title"], t) for t in panel["targets"]]
-    return out
+    return [(p["title"], t) for row, p, t in dashboard_targets() if row.startswith(ROW)]
+
+
+def variable_query(variable: dict[str, Any]) -> tuple[str, str]:
+    """A ``label_values(MATCH, LABEL)`` variable's (MATCH, LABEL)."""
+    query = variable["query"]
+    query = query["query"] if isinstance(query, dict) else query
+    m = re.fullmatch(r"label_values\((.+),\s*([A-Za-z_][A-Za-z0-9_]*)\)", query.strip())
+    assert m, f"variable {variable['name']}: not a label_values() query: {query}"
+    return m.group(1), m.group(2)
 
 
 #: Grafana's own variables as the e2e tests send them: a 10-minute range, and the
@@ -278,7 +339,7 @@ def all_selected(**chosen: str) -> dict[str, str]:
     """The dashboard's variables as Grafana substitutes them with "All" chosen (each
     variable's ``allValue``), Grafana's own (GRAFANA_VARIABLES), and ``chosen`` over
     them (a variable without "All", such as ``dimension``, must be chosen)."""
-    variables = json.loads(DASHBOARD.read_text(encoding="utf-8"))["templating"]["list"]
+    variables = dashboard()["templating"]["list"]
     values = {v["name"]: v["allValue"] for v in variables if v.get("includeAll")}
     return {**values, **GRAFANA_VARIABLES, **chosen}
 
@@ -304,10 +365,13 @@ def substitute(expr: str, values: Mapping[str, str]) -> str:
 
 
 def as_totals(expr: str) -> str:
-    """``increase(SELECTOR[$__range])`` -> ``SELECTOR``: the same formula over cumulative
-    totals, which are exact (increase() extrapolates, and misses the first sample of a
-    series that starts inside the range, as a client's counters do)."""
-    return re.sub(r"increase\(([a-z_:]*\{[^}]*\})\[\$__range\]\)", r"\1", expr)
+    """Every ``increase(SELECTOR[$__range])`` and ``rate(SELECTOR[$__rate_interval])`` ->
+    ``SELECTOR``: the same formula over cumulative totals, which are exact (increase()
+    extrapolates, and rate() and increase() miss the first sample of a series that starts
+    inside the window, as a client's counters and histograms do)."""
+    return re.sub(
+        r"(?:increase|rate)\(([a-z_:]*\{[^}]*\})\[\$__(?:range|rate_interval)\]\)", r"\1", expr
+    )
 
 
 def server_totals(base_url: str) -> dict[str, float]:

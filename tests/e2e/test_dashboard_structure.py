@@ -17,14 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from conftest import VARIABLE_REFERENCE, all_selected, substitute
-
-yaml = pytest.importorskip("yaml")
+from conftest import DASHBOARD, VARIABLE_REFERENCE, all_selected, substitute
 
 REPO = Path(__file__).resolve().parents[2]
 CFG = REPO / "collector-config"
-DASHBOARD = CFG / "grafana" / "dashboards" / "spec-decode.json"
 DATASOURCES = CFG / "grafana" / "provisioning" / "datasources" / "datasources.yaml"
 DASHBOARD_PROVIDERS = CFG / "grafana" / "provisioning" / "dashboards" / "dashboards.yaml"
 COMPOSE = CFG / "docker-compose.yaml"

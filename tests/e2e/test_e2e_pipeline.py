@@ -12,14 +12,11 @@ and, once for both runs, every PromQL expression of the shipped Grafana dashboar
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import re
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -36,17 +33,24 @@ from e2e_stack import (
     wait_for_exemplars,
 )
 
-from conftest import PROTOCOLS, Reconciliation, Workload, host_port
+from conftest import (
+    PROTOCOLS,
+    Expected,
+    Reconciliation,
+    Workload,
+    all_selected,
+    as_totals,
+    dashboard,
+    dashboard_targets,
+    host_port,
+    substitute,
+    variable_query,
+)
 from simulator_process import SimulatorProcess
-
-try:  # the instrumentation's bound on per-position series
-    from spec_decode_otel.telemetry import MAX_DRAFT_POSITIONS, OVERFLOW_VALUE
-except ImportError:  # pragma: no cover - the constants moved; keep the documented values
-    MAX_DRAFT_POSITIONS, OVERFLOW_VALUE = 64, "_OTHER"
+from spec_decode_otel.telemetry import MAX_DRAFT_POSITIONS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
-DASHBOARD = CONFIG_DIR / "grafana" / "dashboards" / "spec-decode.json"
 REL = 1e-9  # float sums: the SDK and the records add the same doubles, maybe in another order
 TRACE_TIMEOUT_S = 30
 
@@ -56,41 +60,6 @@ def _close(actual: float | None, expected: float, what: str, rel: float = REL) -
     assert math.isclose(actual, expected, rel_tol=rel, abs_tol=1e-9), (
         f"{what}: Prometheus {actual!r} != records {expected!r}"
     )
-
-
-def _position_label(p: int) -> str:
-    return str(p) if p < MAX_DRAFT_POSITIONS else OVERFLOW_VALUE
-
-
-class Expected:
-    """What the records say the metrics must add up to."""
-
-    def __init__(self, records: list[dict[str, Any]]) -> None:
-        recs = [r["record"] for r in records]
-        self.mal = [
-            r["mean_acceptance_length"] for r in recs if r.get("mean_acceptance_length") is not None
-        ]
-        self.dar = [
-            r["draft_acceptance_rate"] for r in recs if r.get("draft_acceptance_rate") is not None
-        ]
-        self.accepted = sum(r.get("num_accepted_draft_tokens") or 0 for r in recs)
-        self.drafted = sum(r.get("num_draft_tokens") or 0 for r in recs)
-        self.steps_by_j: Counter[str] = Counter()
-        self.at_position: Counter[str] = Counter()
-        for r in recs:
-            hist = {int(j): int(c) for j, c in (r.get("acceptance_histogram") or {}).items()}
-            for j, c in hist.items():
-                self.steps_by_j[_position_label(j)] += c
-                # A step that accepted j drafts accepted draft positions 0..j-1.
-                for p in range(j):
-                    self.at_position[_position_label(p)] += c
-        self.steps = sum(self.steps_by_j.values())
-        self.engines = Counter(r["engine"] for r in records)
-        self.models = {r["model"] for r in records}
-
-    @property
-    def token_weighted_al(self) -> float:
-        return 1.0 + self.accepted / self.steps
 
 
 # --------------------------------------------------------------------------- metrics
@@ -286,40 +255,11 @@ def test_exemplars_link_metrics_to_traces(
 # --------------------------------------------------------------------------- dashboard
 
 
-def _dashboard() -> dict[str, Any]:
-    return json.loads(Path(DASHBOARD).read_text(encoding="utf-8"))
-
-
-def _targets(dashboard: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    out = []
-    for panel in dashboard["panels"]:
-        for sub in [panel, *panel.get("panels", [])]:
-            for target in sub.get("targets", []):
-                out.append((sub, target))
-    return out
-
-
-def _substitute(expr: str, variables: dict[str, str]) -> str:
-    for name in sorted(variables, key=len, reverse=True):
-        expr = expr.replace("${" + name + "}", variables[name]).replace("$" + name, variables[name])
-    assert "$" not in expr, f"unsubstituted variable in {expr}"
-    return expr
-
-
-def _variables(workloads: dict[str, Workload], **extra: str) -> dict[str, str]:
-    services = "|".join(w.service for w in workloads.values())
-    return {
-        "service": services,
-        "model": ".*",
-        "engine": ".*",
-        "server": ".*",
-        "port": ".*",
-        "dimension": "workload",
-        "__rate_interval": "5m",
-        "__range": "10m",
-        "__interval": "15s",
-        **extra,
-    }
+def _variables(workloads: dict[str, Workload]) -> dict[str, str]:
+    """The dashboard's variables with the demo's services chosen, every other "All"."""
+    return all_selected(
+        service="|".join(w.service for w in workloads.values()), dimension="workload"
+    )
 
 
 def test_every_dashboard_query_returns_data(
@@ -327,13 +267,12 @@ def test_every_dashboard_query_returns_data(
 ) -> None:
     """Every panel, with the demo's services selected; the "Client vs server" row reads
     the reconciliation workload's servers (it ignores the service filter)."""
-    dashboard = _dashboard()
     variables = _variables(workloads)
-    targets = _targets(dashboard)
+    targets = dashboard_targets()
     assert len(targets) >= 10
     problems = []
-    for panel, target in targets:
-        expr = _substitute(target["expr"], variables)
+    for _, panel, target in targets:
+        expr = substitute(target["expr"], variables)
         result = prom_query(prom, expr)
         values = [float(r["value"][1]) for r in result]
         finite = [v for v in values if math.isfinite(v)]
@@ -353,12 +292,6 @@ def test_every_dashboard_query_returns_data(
     assert not problems, "\n".join(problems)
 
 
-def _as_totals(expr: str) -> str:
-    """``increase(M{...}[$__range])`` -> ``M{...}``: the same formula over the cumulative
-    totals, which are exact (increase() extrapolates and misses a new series' first sample)."""
-    return re.sub(r"increase\(([a-z_:]+\{[^}]*\})\[\$__range\]\)", r"\1", expr)
-
-
 def test_dashboard_overview_equals_records(
     workloads: dict[str, Workload], prom: httpx.Client
 ) -> None:
@@ -367,9 +300,9 @@ def test_dashboard_overview_equals_records(
     exp = Expected(records)
     variables = _variables(workloads)
     by_title = {}
-    for panel, target in _targets(_dashboard()):
+    for _, panel, target in dashboard_targets():
         if "$__range" in target["expr"]:
-            by_title[panel["title"]] = _substitute(_as_totals(target["expr"]), variables)
+            by_title[panel["title"]] = substitute(as_totals(target["expr"]), variables)
 
     def scalar(title: str) -> float | None:
         return prom_scalar(prom, by_title[title])
@@ -407,15 +340,12 @@ def test_dashboard_variables_resolve(workloads: dict[str, Workload], prom: httpx
     records = [r for w in workloads.values() for r in w.records]
     variables = _variables(workloads)
     found: dict[str, list[str]] = {}
-    for var in _dashboard()["templating"]["list"]:
+    for var in dashboard()["templating"]["list"]:
         if var["type"] != "query":
             continue
-        query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
-        m = re.fullmatch(r"label_values\((.+),\s*([A-Za-z_][A-Za-z0-9_]*)\)", query.strip())
-        assert m, f"variable {var['name']}: unexpected query {query}"
-        match, label = _substitute(m.group(1), variables), m.group(2)
-        found[var["name"]] = prom_label_values(prom, label, match)
-        assert found[var["name"]], f"variable {var['name']}: no values for {query}"
+        match, label = variable_query(var)
+        found[var["name"]] = prom_label_values(prom, label, substitute(match, variables))
+        assert found[var["name"]], f"variable {var['name']}: no values for {match}"
     assert {w.service for w in workloads.values()} <= set(found["service"])
     assert {r["engine"] for r in records} <= set(found["engine"])
     assert {r["model"] for r in records} <= set(found["model"]) | _response_models(prom, workloads)
@@ -429,14 +359,6 @@ def _response_models(prom: httpx.Client, workloads: dict[str, Workload]) -> set[
             "gen_ai_response_model",
             f'spec_decode_acceptance_length_count{{job=~"{services}"}}',
         )
-    )
-
-
-def _over_totals(expr: str) -> str:
-    """Every ``increase(M{...}[$__range])`` and ``rate(M{...}[$__rate_interval])`` of a
-    panel -> ``M{...}``: the panel's formula over cumulative totals, which are exact."""
-    return re.sub(
-        r"(?:increase|rate)\(([a-z_:]+\{[^}]*\})\[\$__(?:range|rate_interval)\]\)", r"\1", expr
     )
 
 
@@ -564,16 +486,15 @@ def _dashboard_reads(
     """Every dashboard target whose expression ``chosen`` picks, over the totals of
     ``service`` (every model, engine and server), reads ``want`` on the real
     Prometheus; the targets checked."""
-    variables = _all_of(service, rate_interval="5m", range_="10m")
+    variables = _all_of(service)
     checked = []
-    for panel, target in _targets(_dashboard()):
+    for _, panel, target in dashboard_targets():
         expr = target["expr"]
         if not chosen(expr):
             continue
         where = f"{panel['title']!r} {target['refId']}"
         values = [
-            float(r["value"][1])
-            for r in prom_query(prom, _substitute(_over_totals(expr), variables))
+            float(r["value"][1]) for r in prom_query(prom, substitute(as_totals(expr), variables))
         ]
         assert values, f"{where}: no data"
         for value in values:
@@ -582,18 +503,17 @@ def _dashboard_reads(
     return checked
 
 
-def _all_of(service: str, *, rate_interval: str, range_: str) -> dict[str, str]:
-    """The dashboard's variables for every model, engine and server of ``service``."""
-    return {
-        "service": service,
-        "model": ".*",
-        "engine": ".*",
-        "server": ".*",
-        "port": ".*",
-        "dimension": "job",
-        "__rate_interval": rate_interval,
-        "__range": range_,
-    }
+def _all_of(service: str, **chosen: str) -> dict[str, str]:
+    """The dashboard's variables for every model, engine and server of ``service`` (but
+    what ``chosen`` picks)."""
+    return all_selected(service=service, dimension="job", **chosen)
+
+
+def _requests_stat() -> str:
+    """The query of the overview's "Requests with acceptance data" stat."""
+    title = "Requests with acceptance data"
+    (expr,) = [t["expr"] for _, p, t in dashboard_targets() if p["title"] == title]
+    return expr
 
 
 def _wait_for_count(meter_provider: Any, prom: httpx.Client, service: str, calls: int) -> None:
@@ -664,29 +584,16 @@ def test_dashboard_shows_a_llamacpp_only_service(
     variables must still list such a service, its model, engine and server (they were
     read from spec_decode_acceptance_length_count, so a llama.cpp-only deployment had
     empty drop-downs), and "Requests with acceptance data" must count its calls."""
-    dashboard = _dashboard()
-    chosen = {
-        "service": llamacpp_only["service"],
-        "model": ".*",
-        "engine": ".*",
-        "server": ".*",
-        "port": ".*",
-    }
-    for var in dashboard["templating"]["list"]:
+    variables = _all_of(llamacpp_only["service"])
+    for var in dashboard()["templating"]["list"]:
         if var["name"] not in ("service", "model", "engine", "server"):
             continue
-        query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
-        m = re.fullmatch(r"label_values\((.+),\s*([A-Za-z_][A-Za-z0-9_]*)\)", query.strip())
-        assert m, query
-        values = prom_label_values(prom, m.group(2), _substitute(m.group(1), chosen))
-        assert llamacpp_only[var["name"]] in values, (var["name"], query, values)
+        match, label = variable_query(var)
+        values = prom_label_values(prom, label, substitute(match, variables))
+        assert llamacpp_only[var["name"]] in values, (var["name"], match, values)
 
-    variables = {**chosen, "dimension": "job", "__rate_interval": "5m", "__range": "10m"}
-    (stat,) = [
-        t["expr"] for p, t in _targets(dashboard) if p["title"] == "Requests with acceptance data"
-    ]
     _close(
-        prom_scalar(prom, _substitute(_as_totals(stat), variables)),
+        prom_scalar(prom, substitute(as_totals(_requests_stat()), variables)),
         LLAMACPP_CALLS,
         "Requests with acceptance data (llama.cpp only)",
     )
@@ -723,10 +630,10 @@ def test_acceptance_length_quantiles_never_go_below_one(
         10.0,
         "ten requests at acceptance length 1",
     )
-    variables = _all_of(service, rate_interval="1h", range_="1h")
+    variables = _all_of(service, __rate_interval="1h", __range="1h")
     exprs = [
-        (f"{p['title']!r} {t['refId']}", _substitute(t["expr"], variables))
-        for p, t in _targets(_dashboard())
+        (f"{p['title']!r} {t['refId']}", substitute(t["expr"], variables))
+        for _, p, t in dashboard_targets()
         if "histogram_quantile" in t["expr"] and "spec_decode_acceptance_length_bucket" in t["expr"]
     ]
     rules = yaml.safe_load((CONFIG_DIR / "prometheus-rules.yml").read_text(encoding="utf-8"))
@@ -888,10 +795,10 @@ def test_acceptance_length_quantiles_resolve_drafts_up_to_64_tokens(
     )
 
     job = f'job="{service}"'
-    variables = _all_of(service, rate_interval="5m", range_="10m")
+    variables = _all_of(service)
     exprs = [
-        (f"{p['title']!r} {t['refId']}", _substitute(_over_totals(t["expr"]), variables))
-        for p, t in _targets(_dashboard())
+        (f"{p['title']!r} {t['refId']}", substitute(as_totals(t["expr"]), variables))
+        for _, p, t in dashboard_targets()
         if "histogram_quantile" in t["expr"] and "spec_decode_acceptance_length_bucket" in t["expr"]
     ]
     rules = yaml.safe_load((CONFIG_DIR / "prometheus-rules.yml").read_text(encoding="utf-8"))
@@ -993,22 +900,16 @@ def test_two_servers_on_one_host_stay_apart(two_ports: dict[str, Any], prom: htt
     assert got[ports["a"]] == 1.0, got
     assert 0.0 < got[ports["b"]] < 1.0, got
 
-    dashboard = _dashboard()
-    (port_var,) = [v for v in dashboard["templating"]["list"] if v["name"] == "port"]
-    query = port_var["query"]["query"] if isinstance(port_var["query"], dict) else port_var["query"]
-    m = re.fullmatch(r"label_values\((.+),\s*server_port\)", query.strip())
-    assert m, query
-    chosen = {"service": service, "model": ".*", "engine": ".*", "server": host}
-    listed = prom_label_values(prom, "server_port", _substitute(m.group(1), chosen))
+    (port_var,) = [v for v in dashboard()["templating"]["list"] if v["name"] == "port"]
+    match, label = variable_query(port_var)
+    assert label == "server_port", label
+    listed = prom_label_values(prom, label, substitute(match, _all_of(service, server=host)))
     assert sorted(listed) == sorted(ports.values()), (listed, ports)
 
-    (stat,) = [
-        t["expr"] for p, t in _targets(dashboard) if p["title"] == "Requests with acceptance data"
-    ]
     for name, port in ports.items():
-        variables = {**chosen, "port": port, "dimension": "job", "__range": "10m"}
+        variables = _all_of(service, server=host, port=port)
         _close(
-            prom_scalar(prom, _substitute(_as_totals(stat), variables)),
+            prom_scalar(prom, substitute(as_totals(_requests_stat()), variables)),
             TWO_PORTS_CALLS[name][0],
             f"Requests with acceptance data, port {port}",
         )

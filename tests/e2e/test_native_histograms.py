@@ -28,12 +28,9 @@ behind that collector; the scrape target must stay up here.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import statistics
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -52,12 +49,21 @@ from e2e_stack import (
     wait_until,
 )
 
-from conftest import Workload, all_selected, as_totals, run_demo, substitute, wait_ingested
+from conftest import (
+    ROW,
+    Expected,
+    Workload,
+    all_selected,
+    as_totals,
+    dashboard_targets,
+    run_demo,
+    substitute,
+    wait_ingested,
+)
 from ports import free_ports
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-DASHBOARD = CONFIG_DIR / "grafana" / "dashboards" / "spec-decode.json"
 EXPONENTIAL = {
     "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION": "base2_exponential_bucket_histogram"
 }
@@ -125,14 +131,7 @@ def runs(
 
 
 def _panels_outside_the_servers_row() -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    out = []
-    for panel in json.loads(Path(DASHBOARD).read_text(encoding="utf-8"))["panels"]:
-        if panel["type"] == "row":
-            if panel["title"].startswith("Client vs server"):
-                break
-            continue
-        out += [(panel, target) for target in panel["targets"]]
-    return out
+    return [(p, t) for row, p, t in dashboard_targets() if not row.startswith(ROW)]
 
 
 def _has_data(result: list[dict[str, Any]]) -> bool:
@@ -167,22 +166,18 @@ def test_dashboard_overview_equals_records(
 ) -> None:
     """The overview's stat panels, their formulas over totals (exact), against the
     records: the mean acceptance length reads the native histogram's sum and count."""
-    records = [r["record"] for r in runs[way].records]
     values = all_selected(service=runs[way].service)
     stats = {
         panel["title"]: substitute(as_totals(target["expr"]), values)
         for panel, target in _panels_outside_the_servers_row()
         if "$__range" in target["expr"] and panel["type"] == "stat"
     }
-    means = [r["mean_acceptance_length"] for r in records]
-    accepted = sum(r["num_accepted_draft_tokens"] or 0 for r in records)
-    steps = sum(r["num_spec_steps"] for r in records)
-    drafted = sum(r["num_draft_tokens"] or 0 for r in records)
+    exp = Expected(runs[way].records)
     expected = {
-        "Requests with acceptance data": len(records),
-        "Mean acceptance length per request": sum(means) / len(means),
-        "Acceptance length (token-weighted)": 1 + accepted / steps,
-        "Draft acceptance rate (token-weighted)": accepted / drafted,
+        "Requests with acceptance data": len(runs[way].records),
+        "Mean acceptance length per request": sum(exp.mal) / len(exp.mal),
+        "Acceptance length (token-weighted)": exp.token_weighted_al,
+        "Draft acceptance rate (token-weighted)": exp.accepted / exp.drafted,
     }
     for title, want in expected.items():
         got = prom_scalar(prom, stats[title])
@@ -203,8 +198,8 @@ def test_native_median_matches_the_records(
         if panel["title"] == "Mean acceptance length per request — p50 / p90"
         and target["refId"] == "A"
     ]
-    totals = re.sub(r"rate\(([a-z_:]+\{[^}]*\})\[\$__rate_interval\]\)", r"\1", expr)
-    assert totals.count("rate(") == 0, totals
+    totals = as_totals(expr)
+    assert "rate(" not in totals, totals
     values = all_selected(service=runs[way].service)
     got = {
         r["metric"]["gen_ai_request_model"]: float(r["value"][1])

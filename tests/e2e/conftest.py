@@ -286,12 +286,11 @@ class Expected:
         return 1.0 + self.accepted / self.steps
 
 
-# --------------------------------------------------------------------------- reconciliation
+# --------------------------------------------------------------------------- dashboard
 
 #: The dashboard's "Client vs server" row.
 ROW = "Client vs server"
 DASHBOARD = REPO_ROOT / "collector-config" / "grafana" / "dashboards" / "spec-decode.json"
-MESSAGES = [{"role": "user", "content": "Reconcile the client with the server."}]
 
 
 def dashboard() -> dict[str, Any]:
@@ -372,6 +371,11 @@ def as_totals(expr: str) -> str:
     return re.sub(
         r"(?:increase|rate)\(([a-z_:]*\{[^}]*\})\[\$__(?:range|rate_interval)\]\)", r"\1", expr
     )
+
+
+# --------------------------------------------------------------------------- reconciliation
+
+MESSAGES = [{"role": "user", "content": "Reconcile the client with the server."}]
 
 
 def server_totals(base_url: str) -> dict[str, float]:

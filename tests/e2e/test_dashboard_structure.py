@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,15 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import DASHBOARD, VARIABLE_REFERENCE, all_selected, substitute
+import conftest
+from conftest import (
+    ROW,
+    VARIABLE_REFERENCE,
+    all_selected,
+    dashboard_targets,
+    substitute,
+    variable_query,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CFG = REPO / "collector-config"
@@ -52,7 +59,7 @@ def _load_yaml(path: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def dashboard() -> dict[str, Any]:
-    return json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    return conftest.dashboard()
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +115,7 @@ def test_dashboard_variables(
     assert datasources[ds_var["current"]["value"]]["type"] == "prometheus"
     for name in ("service", "model", "engine", "server"):
         var = variables[name]
-        query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
-        assert query.startswith("label_values("), query
+        variable_query(var)  # a label_values() query
         assert var["includeAll"] and var["allValue"] == ".*"
     assert variables["dimension"]["current"]["value"] == "workload"
 
@@ -259,7 +265,7 @@ def test_dashboard_provider_path_is_mounted() -> None:
         src, dst = volume.split(":")[:2]
         mounts[dst] = src
     assert path in mounts
-    assert (CFG / mounts[path]).resolve() == DASHBOARD.parent.resolve()
+    assert (CFG / mounts[path]).resolve() == conftest.DASHBOARD.parent.resolve()
 
 
 def test_compose_structure() -> None:
@@ -472,21 +478,13 @@ def test_dashboard_tells_servers_apart_by_port(dashboard: dict[str, Any]) -> Non
     assert "port" in variables, names
     assert names.index("port") == names.index("server") + 1, names
     port = variables["port"]
-    query = port["query"]["query"] if isinstance(port["query"], dict) else port["query"]
-    m = re.fullmatch(r"label_values\((.+),\s*server_port\)", query)
-    assert m and 'server_address=~"$server"' in m.group(1), query
+    match, label = variable_query(port)
+    assert label == "server_port" and 'server_address=~"$server"' in match, (match, label)
     # The servers' own query, narrowed to the chosen servers.
-    server = variables["server"]["query"]
-    server_query = server["query"] if isinstance(server, dict) else server
-    narrowed = server_query.removeprefix("label_values(").split("}", 1)[0]
-    assert m.group(1).startswith(narrowed), (query, server_query)
+    server_match, _ = variable_query(variables["server"])
+    assert match.startswith(server_match.split("}", 1)[0]), (match, server_match)
     assert port["includeAll"] and port["allValue"] == ".*" and port["multi"]
-    client_vs_server, inside = set(), False
-    for panel in dashboard["panels"]:
-        if panel["type"] == "row":
-            inside = panel["title"].startswith("Client vs server")
-        elif inside:
-            client_vs_server.add(panel["id"])
+    client_vs_server = {p["id"] for row, p, _ in dashboard_targets() if row.startswith(ROW)}
     assert client_vs_server
     exprs = [t["expr"] for p in _all_panels(dashboard) for t in p.get("targets", [])]
     server_side = 0

@@ -906,10 +906,11 @@ def test_two_servers_on_one_host_stay_apart(two_ports: dict[str, Any], prom: htt
     listed = prom_label_values(prom, label, substitute(match, _all_of(service, server=host)))
     assert sorted(listed) == sorted(ports.values()), (listed, ports)
 
+    requests_stat = as_totals(_requests_stat())
     for name, port in ports.items():
         variables = _all_of(service, server=host, port=port)
         _close(
-            prom_scalar(prom, substitute(as_totals(_requests_stat()), variables)),
+            prom_scalar(prom, substitute(requests_stat, variables)),
             TWO_PORTS_CALLS[name][0],
             f"Requests with acceptance data, port {port}",
         )

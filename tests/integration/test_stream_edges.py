@@ -563,3 +563,51 @@ def test_setting_a_streams_response_does_what_it_does_on_the_sdks_stream(
     (span,) = otel.spans()
     assert span.attributes is not None
     assert span.attributes["spec_decode.outcome"] == "not_read_to_end"
+
+
+# -- an exception thrown in at a chunk ---------------------------------------------------
+
+
+def _relay(stream: Any) -> Iterator[Any]:
+    """A relay generator: its ``throw()`` is thrown into ``stream``'s iterator."""
+    yield from stream
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_exception_thrown_into_the_iterator_is_not_a_failed_read(
+    mode: str, otel: Otel, openai_client: Any, async_openai_client: Any
+) -> None:
+    """An exception thrown into a stream's iterator at a chunk (``throw()`` on it, as a
+    relay ``yield from stream`` forwards its own; ``athrow()`` on the async iterator)
+    comes from the consumer, not from reading: the SDK's stream (openai 3.63.0
+    ``_streaming.py``: ``__iter__`` yields from one shared iterator) stays readable, and
+    the user reads on to its end. Our read loop took it for a read that raised, so the
+    call ended there as an error, its stats lost. Now it is the call the stream read to
+    its end would be, and the user gets what the bare SDK gives."""
+
+    usage: dict[str, Any] = {"stream_options": {"include_usage": True}}
+
+    async def read_with_a_throw() -> tuple[int, str]:
+        if mode == "sync":
+            stream = openai_client.chat.completions.create(**kwargs_for(73, **usage))
+            relay = _relay(stream)
+            next(relay)
+            with pytest.raises(ValueError) as thrown:
+                relay.throw(ValueError("the consumer's own signal"))
+            return 1 + sum(1 for _ in stream), str(thrown.value)
+        astream = await async_openai_client.chat.completions.create(**kwargs_for(73, **usage))
+        iterator = astream.__aiter__()
+        await iterator.__anext__()
+        with pytest.raises(ValueError) as athrown:
+            await iterator.athrow(ValueError("the consumer's own signal"))  # type: ignore[attr-defined]
+        return 1 + len([c async for c in astream]), str(athrown.value)
+
+    bare = await read_with_a_throw()
+    otel.instrument()
+    assert await read_with_a_throw() == bare
+    assert bare[0] > 3
+    (span,) = otel.spans()
+    assert span.attributes is not None
+    assert span.status.status_code is StatusCode.UNSET
+    assert span.attributes["spec_decode.outcome"] == "recorded"
+    assert "error.type" not in span.attributes

@@ -389,18 +389,23 @@ class SyncStreamProxy(_StreamProxyBase):
 
     def _observed(self, source: Iterator[Any]) -> Iterator[Any]:
         # A generator method: it holds the proxy, whose __del__ reports a stream the
-        # user stopped reading, for as long as a ``for`` loop holds the generator.
+        # user stopped reading, for as long as a ``for`` loop holds the generator. Only
+        # what reading raises ends the call: an exception thrown in at the ``yield``
+        # (``close()``'s GeneratorExit, a relay's ``throw()``) leaves the stream as the
+        # SDK's own generator leaves it, readable, and close/exit/GC of the proxy ends
+        # the call if the user reads no further.
         observer = self._self_observer
-        try:
-            for chunk in source:
-                if observer.read_returned(chunk):
-                    yield chunk
-        except GeneratorExit:
-            raise  # the loop stopped early: close/exit/GC of the proxy ends the call
-        except BaseException as exc:
-            observer.on_error(exc)
-            raise
-        observer.on_end()
+        while True:
+            try:
+                chunk = next(source)
+            except StopIteration:
+                observer.on_end()
+                return
+            except BaseException as exc:
+                observer.on_error(exc)
+                raise
+            if observer.read_returned(chunk):
+                yield chunk
 
     def __next__(self) -> Any:
         observer = self._self_observer
@@ -449,17 +454,18 @@ class AsyncStreamProxy(_StreamProxyBase):
         return self._observed(self.__wrapped__.__aiter__())
 
     async def _observed(self, source: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        observer = self._self_observer
-        try:
-            async for chunk in source:
-                if observer.read_returned(chunk):
-                    yield chunk
-        except GeneratorExit:
-            raise
-        except BaseException as exc:
-            observer.on_error(exc)
-            raise
-        observer.on_end()
+        observer = self._self_observer  # as the sync proxy's
+        while True:
+            try:
+                chunk = await source.__anext__()
+            except StopAsyncIteration:
+                observer.on_end()
+                return
+            except BaseException as exc:
+                observer.on_error(exc)
+                raise
+            if observer.read_returned(chunk):
+                yield chunk
 
     async def __anext__(self) -> Any:
         observer = self._self_observer

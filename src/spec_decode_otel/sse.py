@@ -15,6 +15,10 @@ JSON of an event, of a whole body, or of one LiteLLM logged, is decoded by
 - One exception: a ``data: [DONE]`` line that starts an event (OpenAI's end of stream) is
   yielded at once: a reader of ``iter_lines()`` may stop at that line, before the blank
   line that ends its event.
+- Lines from ``iter_lines()`` (:meth:`SseSplitter.line`) come already split, and httpx
+  splits them as ``str.splitlines`` does: also at U+0085, U+2028 and U+2029, which JSON
+  strings may hold raw. A ``data:`` line that ends inside a JSON string was cut at one of
+  them, and the next line continues it.
 - An event holding more than ``MAX_EVENT_CHARS`` characters (its data so far plus the line
   being read) is dropped whole, with a rate-limited debug log: from then on its text is
   only scanned for line ends and never kept, until the blank line that ends it.
@@ -62,6 +66,18 @@ def decode_json(text: str | bytes) -> Any:
 #: splits at U+2028, U+2029 and U+0085: JSON strings may hold those raw (engines that
 #: write UTF-8 JSON send them so), but never an unescaped line end.
 LINE_END = re.compile(r"\r\n|\r|\n")
+#: Put back where ``iter_lines()`` cut a JSON string: which of U+0085, U+2028 and U+2029
+#: it was is lost, and only the string's content, which is never read, differs.
+CUT_LINE_END = "\u2028"
+#: The SSE fields a server sends: a line that starts one is never part of a cut JSON string.
+FIELD_STARTS = ("data:", "event:", "id:", "retry:")
+_ESCAPE = re.compile(r"\\.", re.DOTALL)
+
+
+def ends_in_json_string(text: str, inside: bool = False) -> bool:
+    """Whether JSON text that begins inside a string (``inside``) or not ends inside one:
+    each quote that no backslash escapes opens or closes a string. Linear in ``text``."""
+    return inside != (_ESCAPE.sub("", text).count('"') % 2 == 1)
 
 
 class SseSplitter:
@@ -80,6 +96,11 @@ class SseSplitter:
         self._dropping = False
         #: The last piece ended with ``\r``: a ``\n`` starting the next one ends no line.
         self._after_cr = False
+        #: A ``data:`` line that ``iter_lines()`` cut inside a JSON string: its pieces,
+        #: their length, and the blank lines read after the last one.
+        self._cut: list[str] = []
+        self._cut_chars = 0
+        self._cut_blanks = 0
 
     def feed(self, text: str) -> list[str]:
         if not text:
@@ -101,11 +122,43 @@ class SseSplitter:
         return events
 
     def line(self, line: str) -> list[str]:
-        """One whole line without its line end (what ``iter_lines()`` yields): the data of
-        the event it ends, if any."""
+        """One line from ``iter_lines()``, without its line end: the data of the event it
+        ends, if any. A ``data:`` line that ends inside a JSON string was cut (the
+        module's docstring says where) and is held: the lines after it continue it until
+        its strings close, unless one starts a field, which shows it was no JSON string
+        (a truncated event) but a line of its own. A blank line there is either two cuts
+        in a row or the end of the event: the line after it tells which."""
         events: list[str] = []
-        self._complete(line, events)
+        if self._cut and not line.startswith(FIELD_STARTS):
+            self._cut_chars += len(line) + 1
+            if not line:
+                self._cut_blanks += 1
+            else:
+                self._cut.append(CUT_LINE_END * (self._cut_blanks + 1) + line)
+                self._cut_blanks = 0
+                if not ends_in_json_string(line, inside=True):
+                    self._end_cut(events)
+                    return events
+            if self._data_chars + self._cut_chars > self._max:
+                self._end_cut(events)  # dropped whole: over the bound
+            return events
+        if self._cut:
+            self._end_cut(events)
+        if line.startswith("data:") and ends_in_json_string(line):
+            self._cut.append(line)
+            self._cut_chars = len(line)
+        else:
+            self._complete(line, events)
         return events
+
+    def _end_cut(self, events: list[str]) -> None:
+        """The held line is complete; so is its event if a blank line followed it."""
+        line, blank = "".join(self._cut), self._cut_blanks > 0
+        self._cut.clear()
+        self._cut_chars = self._cut_blanks = 0
+        self._complete(line, events)
+        if blank:
+            self._complete("", events)
 
     def _complete(self, piece: str, events: list[str]) -> None:
         """``piece`` ends the line being read."""

@@ -281,6 +281,61 @@ async def test_multiline_events_crlf_and_multibyte_characters_split_between_chun
     assert spec_decode_attributes(span.attributes) == expected_span_attributes(record)
 
 
+#: Model output a server writing UTF-8 JSON sends raw: U+2028, U+2029 and U+0085 (which
+#: httpx's ``iter_lines()`` ends lines at), escaped quotes and an escaped backslash.
+CUT_CONTENT = 'say "hi"\u2028\u2029 twice\u0085\u2028, a backslash \\\u2028end'
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["sse", "json-body"])
+@pytest.mark.parametrize("how", READS)
+@pytest.mark.parametrize("mode", MODES)
+async def test_unicode_line_ends_in_json_strings_read_raw_give_what_parse_gives(
+    mode: str,
+    how: str,
+    stream: bool,
+    otel: Otel,
+    server: LoopbackServer,
+    loopback_clients: Any,
+    simulator_url: str,
+) -> None:
+    """httpx's ``iter_lines()`` ends lines where ``str.splitlines`` does (httpx 0.28.1 and
+    httpx2 2.17 ``_decoders.py``, ``LineDecoder``), so also at U+0085, U+2028 and U+2029,
+    which JSON strings may hold raw, while the SDK's SSE decoder splits bytes at ``\\r``
+    and ``\\n`` only. Here every choice's text holds them, the one whose chunk carries
+    vLLM's pre-merge stats included, and a JSON body's too. Read line by line, the cut
+    events (or body) gave no record where ``.parse()`` gave one; every raw read now gives
+    the span ``.parse()`` gives."""
+    kwargs = kwargs_for(1405, stream=stream, engine="vllm-premerge" if stream else "vllm")
+    payload = raw_payload(simulator_url, "chat", kwargs)
+    if stream:
+        for chunk in payload:
+            for choice in chunk["choices"]:
+                choice["delta"]["content"] = (choice["delta"].get("content") or "") + CUT_CONTENT
+        stats_chunk = next(
+            c for c in payload if c["choices"] and c["choices"][0].get("speculative_decoding_stats")
+        )
+        assert CUT_CONTENT in stats_chunk["choices"][0]["delta"]["content"]
+        body = sse_text([*payload, "[DONE]"])
+    else:
+        payload["choices"][0]["message"]["content"] += CUT_CONTENT
+        body = json.dumps(payload, ensure_ascii=False).encode()
+    server.reply(body)
+    otel.instrument()
+    client = client_of(mode, *loopback_clients)
+    await parse_all(client, mode, kwargs)
+    parsed_span = take_span(otel)
+    pieces = await read_raw(client, mode, how, kwargs, otel)
+    span = take_span(otel)
+    if how == "iter_lines":  # the premise: httpx cut the events (the body) there
+        real_lines = body.decode().count("\n") + (0 if stream else 1)
+        assert len(pieces) > real_lines
+    record = spec_decode_otel.record_from_json(payload)
+    assert record is not None
+    assert parsed_span.attributes["spec_decode.outcome"] == "recorded"
+    assert spec_decode_attributes(span.attributes) == expected_span_attributes(record)
+    assert dict(span.attributes) == dict(parsed_span.attributes)
+
+
 # -- what the user reads ------------------------------------------------------------------
 
 

@@ -30,7 +30,14 @@ from spec_decode_otel.instrumentation.streams import (
     StreamObserver,
     SyncStreamProxy,
 )
-from spec_decode_otel.sse import MAX_EVENT_CHARS, SseSplitter, Undecoded, decode_json
+from spec_decode_otel.sse import (
+    CUT_LINE_END,
+    MAX_EVENT_CHARS,
+    SseSplitter,
+    Undecoded,
+    decode_json,
+    ends_in_json_string,
+)
 
 
 def wrap_result(call: Call, result: Any, hide_usage: bool) -> Any:
@@ -97,6 +104,8 @@ class RawBody:
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.body: list[str] = []
         self.body_chars = 0
+        #: A JSON body read by ``iter_lines()``: whether the last line ended in a string.
+        self.in_string = False
 
     # -- what the user read ---------------------------------------------------------
 
@@ -105,14 +114,19 @@ class RawBody:
             self.feed_text(self.decoder.decode(data))
 
     def feed_line(self, line: str) -> None:
-        """A line from ``iter_lines()``, which drops the line end."""
-        if not self.streamed:
-            self.feed_text(line + "\n")
-        elif not self.call.done:
-            try:
+        """A line from ``iter_lines()``, which drops the line end: ``\\n``, or in a JSON
+        string one of the characters ``iter_lines()`` also ends lines at (see ``sse``)."""
+        if self.call.done:
+            return
+        try:
+            if self.streamed:
                 self._events(self.splitter.line(line))
-            except Exception:
-                report_internal_error("raw.feed")
+                return
+            if self.body_chars <= MAX_EVENT_CHARS:
+                self.in_string = ends_in_json_string(line, self.in_string)
+            self.feed_text(line + (CUT_LINE_END if self.in_string else "\n"))
+        except Exception:
+            report_internal_error("raw.feed")
 
     def feed_text(self, text: str) -> None:
         if self.call.done:

@@ -30,8 +30,9 @@ def _sse(events: list[dict[str, object]]) -> str:
     return "".join(f"data: {json.dumps(e, ensure_ascii=False)}\n\n" for e in events)
 
 
-def _by_lines(text: str, splitter: SseSplitter) -> list[str]:
-    return [data for line in text.splitlines() for data in splitter.line(line)]
+def _by_lines(lines: list[str], splitter: SseSplitter) -> list[str]:
+    """What ``splitter`` makes of ``lines`` given one at a time, as ``iter_lines()`` reads."""
+    return [data for line in lines for data in splitter.line(line)]
 
 
 @pytest.mark.parametrize("separator", SEPARATORS)
@@ -45,7 +46,7 @@ def test_a_json_string_cut_by_iter_lines_gives_the_whole_event(separator: str) -
     ]
     text = _sse(_events(contents))
     assert len(text.splitlines()) > 2 * len(contents)  # the premise: the lines were cut
-    by_lines = _by_lines(text, SseSplitter())
+    by_lines = _by_lines(text.splitlines(), SseSplitter())
     assert len(by_lines) == len(contents)
     decoded = [json.loads(data) for data in by_lines]
     # Which separator cut the line is lost; the event is whole, every number kept.
@@ -60,7 +61,7 @@ def test_only_a_data_line_cut_inside_a_string_is_joined() -> None:
     ``iter_lines()`` are not joined to what follows (they carry nothing we read)."""
     text = 'event: x\u2028y\ndata: {"a": "b"}\n\ndata: {"c": 1}\n\n'
     assert text.splitlines()[:2] == ["event: x", "y"]
-    assert _by_lines(text, SseSplitter()) == ['{"a": "b"}', '{"c": 1}']
+    assert _by_lines(text.splitlines(), SseSplitter()) == ['{"a": "b"}', '{"c": 1}']
 
 
 @pytest.mark.parametrize("between", ["", ": keep-alive\n\n", "event: x\nid: 1\n"])
@@ -71,7 +72,7 @@ def test_a_truncated_event_is_one_event_as_in_the_raw_text(between: str) -> None
     into the broken event, which decodes no better or worse for it: a comment can start
     model output after a cut, a field name hardly.)"""
     text = f'data: {{"a": "cut\n\n{between}data: {{"b": 1}}\n\ndata: [DONE]\n\n'
-    broken, *rest = _by_lines(text, SseSplitter())
+    broken, *rest = _by_lines(text.splitlines(), SseSplitter())
     assert broken.startswith('{"a": "cut')
     assert rest == SseSplitter().feed(text)[1:] == ['{"b": 1}', "[DONE]"]
 
@@ -81,7 +82,7 @@ def test_a_string_that_never_closes_is_dropped_at_the_event_bound() -> None:
     bound; past it the event is dropped and the events after it are read."""
     splitter = SseSplitter(max_event_chars=100)
     lines = ['data: {"a": "', *["x" * 10] * 50, "", "data: {}", ""]
-    assert [data for line in lines for data in splitter.line(line)] == ["{}"]
+    assert _by_lines(lines, splitter) == ["{}"]
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ import functools
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from types import FrameType
 from typing import Any
 
@@ -389,29 +389,28 @@ class SyncStreamProxy(_StreamProxyBase):
 
     def _observed(self, source: Iterator[Any]) -> Iterator[Any]:
         # A generator method: it holds the proxy, whose __del__ reports a stream the
-        # user stopped reading, for as long as a ``for`` loop holds the generator. Only
-        # what reading raises ends the call: an exception thrown in at the ``yield``
-        # (``close()``'s GeneratorExit, a relay's ``throw()``) leaves the stream as the
-        # SDK's own generator leaves it, readable, and close/exit/GC of the proxy ends
-        # the call if the user reads no further.
-        observer = self._self_observer
+        # user stopped reading, for as long as a ``for`` loop holds the generator. The
+        # ``yield`` is outside the read: an exception thrown in there (``close()``'s
+        # GeneratorExit, a relay's ``throw()``) leaves the stream as the SDK's own
+        # generator leaves it, readable, and close/exit/GC of the proxy ends the call if
+        # the user reads no further.
         while True:
             try:
-                chunk = next(source)
+                chunk = self._read_kept(source.__next__)
             except StopIteration:
-                observer.on_end()
                 return
-            except BaseException as exc:
-                observer.on_error(exc)
-                raise
-            if observer.read_returned(chunk):
-                yield chunk
+            yield chunk
 
     def __next__(self) -> Any:
+        return self._read_kept(self.__wrapped__.__next__)
+
+    def _read_kept(self, read: Callable[[], Any]) -> Any:
+        """The next chunk the user sees, read with ``read``: only what reading the SDK's
+        stream raises ends the call (its end, or a failed read)."""
         observer = self._self_observer
         while True:
             try:
-                chunk = self.__wrapped__.__next__()
+                chunk = read()
             except StopIteration:
                 observer.on_end()
                 raise
@@ -454,24 +453,22 @@ class AsyncStreamProxy(_StreamProxyBase):
         return self._observed(self.__wrapped__.__aiter__())
 
     async def _observed(self, source: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        observer = self._self_observer  # as the sync proxy's
-        while True:
+        while True:  # as the sync proxy's
             try:
-                chunk = await source.__anext__()
+                chunk = await self._read_kept(source.__anext__)
             except StopAsyncIteration:
-                observer.on_end()
                 return
-            except BaseException as exc:
-                observer.on_error(exc)
-                raise
-            if observer.read_returned(chunk):
-                yield chunk
+            yield chunk
 
     async def __anext__(self) -> Any:
+        return await self._read_kept(self.__wrapped__.__anext__)
+
+    async def _read_kept(self, read: Callable[[], Awaitable[Any]]) -> Any:
+        """As the sync proxy's, awaiting each read."""
         observer = self._self_observer
         while True:
             try:
-                chunk = await self.__wrapped__.__anext__()
+                chunk = await read()
             except StopAsyncIteration:
                 observer.on_end()
                 raise
@@ -510,13 +507,5 @@ class AsyncStreamProxy(_StreamProxyBase):
             self._self_observer.on_stop()
 
 
-#: The code of the proxies' read loops, each with its ``observer`` (see :func:`_inside_read`).
-_READ_LOOPS = frozenset(
-    loop.__code__
-    for loop in (
-        SyncStreamProxy._observed,
-        SyncStreamProxy.__next__,
-        AsyncStreamProxy._observed,
-        AsyncStreamProxy.__anext__,
-    )
-)
+#: The code of the proxies' reads, each with its ``observer`` (see :func:`_inside_read`).
+_READ_LOOPS = frozenset((SyncStreamProxy._read_kept.__code__, AsyncStreamProxy._read_kept.__code__))

@@ -148,6 +148,45 @@ async def test_with_streaming_response_is_unchanged_and_recorded(
     assert_span_has_record_of(otel, raw_payload(simulator_url, "chat", kwargs))
 
 
+# -- the client's own post() ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cast_to", [object, dict, str, bytes])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_post_cast_to_a_plain_type_is_recorded_from_its_body(
+    mode: str,
+    cast_to: type,
+    otel: Otel,
+    openai_client: Any,
+    async_openai_client: Any,
+) -> None:
+    """``client.post("/chat/completions", cast_to=object)`` (or ``dict``, ``str``,
+    ``bytes``), as code calling an endpoint the SDK has no method for does: the SDK
+    (openai 3.x ``_response.py`` ``_parse``) hands back the body as a dict or as text,
+    unchanged by us, and the span carries the record of that body."""
+    body = {"model": MODEL, "messages": MESSAGES}
+    options = {"headers": {"x-spec-decode-engine": "vllm", "x-sim-seed": "41"}}
+
+    async def fetch() -> Any:
+        if mode == "sync":
+            return openai_client.post(
+                "/chat/completions", body=body, cast_to=cast_to, options=options
+            )
+        return await async_openai_client.post(
+            "/chat/completions", body=body, cast_to=cast_to, options=options
+        )
+
+    bare = await fetch()
+    otel.instrument()
+    ours = await fetch()
+    assert type(ours) is type(bare)
+    payload = ours if isinstance(ours, dict) else json.loads(ours)
+    assert dumps_without_volatile([payload]) == dumps_without_volatile(
+        [bare if isinstance(bare, dict) else json.loads(bare)]
+    )
+    assert_span_has_record_of(otel, payload)
+
+
 # -- parse() and the stream() helper ------------------------------------------------------
 
 

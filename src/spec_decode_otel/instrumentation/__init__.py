@@ -237,6 +237,10 @@ def instrument_client(client: Any, **kwargs: Any) -> Any:
     :class:`SpecDecodeInstrumentor` instruments the whole process, this client's calls are
     left to it, so no call is ever recorded twice. Wrappers other instrumentations put on
     the client's class stay in the call path.
+
+    The cover lives on the instance (no class attribute changes), so ``copy.copy(client)``
+    shares it, as it shares the client's cached resources (``client.chat`` and the rest)
+    once used: the copy's calls go out through the original. ``client.copy()`` is the way.
     """
     if getattr(client, _CLIENT_MARK, False):
         return client

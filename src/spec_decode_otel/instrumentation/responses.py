@@ -77,6 +77,10 @@ def wrap_parsed(call: Call, parsed: Any, hide_usage: bool) -> Any:
         return AsyncStreamProxy(parsed, call, hide_usage)
     if hasattr(parsed, "choices") or hasattr(parsed, "output"):  # output: a Responses API body
         call.finish_object(parsed)
+    elif isinstance(parsed, Mapping):  # client.post(..., cast_to=object or dict)
+        call.finish_dict(parsed)
+    elif isinstance(parsed, (str, bytes)):  # cast_to=str or bytes: the body as read
+        call.finish_dict(_json_body(parsed))
     else:
         call.finish_empty()
     return parsed

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build (or reuse) one virtual environment per OpenAI instrumentation that cannot share
-# the test environment, for the coexistence matrix (tests/integration/
+# Build (or reuse) one virtual environment per OpenAI instrumentation (or other library)
+# that cannot share the test environment, for the coexistence matrix (tests/integration/
 # test_coexistence_matrix.py). Prints the directory holding them on the last line of
 # stdout; everything else goes to stderr.
 #
@@ -52,6 +52,10 @@ declare -A VENVS=(
   # sentry_sdk.init() runs, in any test of the test environment that did either.
   [sentry]="sentry-sdk==2.76.0"
   [langfuse]="langfuse==5.2.0"
+  # logfire, whose providers setup() records into (tests/integration/test_setup_env.py).
+  # A venv of its own: logfire-sdk registers a pydantic plugin, which imports logfire
+  # (and the OTLP/HTTP exporter) wherever pydantic builds a model, in every process.
+  [logfire]="logfire==5.4.0"
 )
 
 # The test environment's versions of what the venvs share with it.

@@ -51,15 +51,18 @@ _MISSING_EXTRA = (
 SHUTDOWN_TIMEOUT_S = 5.0
 
 _T = TypeVar("_T")
+#: A provider setup() built (the SDK's) or borrowed (whatever the application installed).
+_AnyProvider = trace.TracerProvider | metrics.MeterProvider
 
 
-def _flush_and_stop(provider: TracerProvider | MeterProvider, stop: bool = True) -> None:
-    # A dead or hung collector must not fail the application's exit.
+def _flush_and_stop(provider: _AnyProvider, stop: bool = True) -> None:
+    # A dead or hung collector must not fail the application's exit (nor a borrowed
+    # provider that has no force_flush: the API's do not).
     with contextlib.suppress(Exception):
-        provider.force_flush(int(SHUTDOWN_TIMEOUT_S * 1000))
+        provider.force_flush(int(SHUTDOWN_TIMEOUT_S * 1000))  # type: ignore[union-attr]
     if stop:
         with contextlib.suppress(Exception):
-            provider.shutdown()
+            provider.shutdown()  # type: ignore[union-attr]
 
 
 @dataclass
@@ -71,14 +74,15 @@ class Providers:
     the console (stdout)", "over OTLP/gRPC to http://localhost:4317 (the default
     endpoint)"), or "by the exporters of the TracerProvider installed before setup()" for
     a provider the application (or ``opentelemetry-instrument``) had installed already; a
-    signal that goes nowhere is left out. Such a provider is flushed but not stopped.
+    signal that goes nowhere is left out. Such a provider is flushed but not stopped; it
+    may be another SDK's (logfire's proxies hand on to theirs), hence the API types.
     """
 
-    tracer_provider: TracerProvider
-    meter_provider: MeterProvider
+    tracer_provider: trace.TracerProvider
+    meter_provider: metrics.MeterProvider
     exporting: bool
     exports: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    _borrowed: tuple[TracerProvider | MeterProvider, ...] = field(default=(), repr=False)
+    _borrowed: tuple[_AnyProvider, ...] = field(default=(), repr=False)
     _stopped: bool = field(default=False, init=False, repr=False)
 
     def shutdown(self) -> None:
@@ -97,7 +101,7 @@ class Providers:
         if self._stopped:
             return
         self._stopped = True
-        providers: dict[str, TracerProvider | MeterProvider] = {
+        providers: dict[str, _AnyProvider] = {
             "traces": self.tracer_provider,
             "metrics": self.meter_provider,
         }
@@ -301,9 +305,11 @@ def _exporters(signal: str, kind: str, build: Callable[[str], _T]) -> list[tuple
             what = kind if name == "otlp" else f"{kind} (exporter {name!r})"
             # The SDK's own messages do not all name the variable ("could not convert
             # string to float: 'abc'" for OTEL_EXPORTER_OTLP_TIMEOUT=abc).
-            tail = ""
-            if not isinstance(exc, _NotInstalled):
-                tail = " (an OTEL_* value the OpenTelemetry SDK refuses)"
+            tail = " (an OTEL_* value the OpenTelemetry SDK refuses)"
+            if isinstance(exc, ImportError):  # grpcio or protobuf broken, say
+                tail = " (the exporter's package is installed but does not import)"
+            elif isinstance(exc, _NotInstalled):
+                tail = ""
             _refused(f"{what} are not exported", exc, tail)
             continue
         built.append((exporter, _destination(signal, name)))
@@ -375,42 +381,48 @@ def _resource(service_name: str | None) -> Resource:
 
 
 def _warn_borrowed(
-    tracer_provider: TracerProvider | None, meter_provider: MeterProvider | None, readers: bool
+    tracer_provider: trace.TracerProvider | None,
+    meter_provider: metrics.MeterProvider | None,
+    lost: list[str],
 ) -> None:
     kinds = (("TracerProvider", tracer_provider), ("MeterProvider", meter_provider))
     installed = " and ".join(kind for kind, provider in kinds if provider is not None)
     both = tracer_provider is not None and meter_provider is not None
     is_, it, its = ("are", "them", "their") if both else ("is", "it", "its")
-    lost = ""
-    if meter_provider is not None and readers:
-        lost = "; the metric_readers passed to setup() cannot be added to one and get nothing"
+    unused = "".join(
+        f"; the {what} passed to setup() cannot be added to it and get nothing" for what in lost
+    )
     warnings.warn(
-        f"spec_decode_otel.setup(): an OpenTelemetry SDK {installed} {is_} already "
+        f"spec_decode_otel.setup(): an OpenTelemetry {installed} {is_} already "
         f"installed (by the application or opentelemetry-instrument); setup() records into "
-        f"{it}, and {its} exporters, sampler and resource apply, not setup()'s{lost}",
+        f"{it}, and {its} exporters, sampler and resource apply, not setup()'s{unused}",
         RuntimeWarning,
         stacklevel=caller_stacklevel(),
     )
 
 
-def _installed() -> tuple[TracerProvider | None, MeterProvider | None]:
-    """The SDK providers already installed as the global ones (by the application, or by
+def _installed() -> tuple[trace.TracerProvider | None, metrics.MeterProvider | None]:
+    """The providers already installed as the global ones (by the application, or by
     ``opentelemetry-instrument``), other than those of an earlier ``setup()``: the API
-    keeps the first provider set, so ``setup()`` records into these instead."""
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.trace import TracerProvider
+    keeps the first provider set, so ``setup()`` records into these instead.
+
+    Whatever was installed counts, not only the SDK's: logfire installs proxies of its
+    own (``logfire._internal.tracer.ProxyTracerProvider``, an API ``TracerProvider``) that
+    hand on to its SDK providers. What the API returns while none is set is its own
+    proxy (the metrics API's is private, alike in opentelemetry-api 1.31 to 1.45)."""
+    from opentelemetry.metrics._internal import _ProxyMeterProvider
 
     found: list[Any] = []
-    for get, kind in (
-        (trace.get_tracer_provider, TracerProvider),
-        (metrics.get_meter_provider, MeterProvider),
+    for get, unset in (
+        (trace.get_tracer_provider, trace.ProxyTracerProvider),
+        (metrics.get_meter_provider, _ProxyMeterProvider),
     ):
         try:  # it loads OTEL_PYTHON_TRACER_PROVIDER's provider, if one is named
             provider: Any = get()
         except Exception:
             provider = None
-        usable = isinstance(provider, kind) and not any(provider is p for p in _made)
-        found.append(provider if usable else None)
+        usable = provider is not None and not isinstance(provider, unset)
+        found.append(provider if usable and not any(provider is p for p in _made) else None)
     return found[0], found[1]
 
 
@@ -420,7 +432,7 @@ _INSTALLED = "by the exporters of the {kind} installed before setup()"
 _lock = threading.Lock()
 _built: Providers | None = None
 #: Every provider setup() made (a stopped one may still be the global one).
-_made: list[TracerProvider | MeterProvider] = []
+_made: list[_AnyProvider] = []
 
 
 def setup(
@@ -437,46 +449,62 @@ def setup(
     or ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``). Extra processors and
     readers (e.g. in-memory ones for tests or a terminal summary) are added beside the
     OTLP exporters. Remaining keywords go to ``SpecDecodeInstrumentor().instrument()``.
-    A second call warns and returns what the first built; after that one's
-    ``shutdown()``, it builds new providers and instruments with them.
+    A second call warns and returns what the first built (instrumenting with them again
+    if ``uninstrument()`` came between); after that one's ``shutdown()``, it builds new
+    providers and instruments with them.
     """
     global _built
-    try:
-        # the otlp extra is installed
-        import opentelemetry.sdk.metrics
-        import opentelemetry.sdk.trace  # noqa: F401
-    except ImportError as exc:
-        raise ImportError(_MISSING_EXTRA) from exc
+    _import_sdk()
+    from opentelemetry.sdk.resources import Resource
 
     with _lock:
+        instrumentor = SpecDecodeInstrumentor()
         if _built is not None and not _built._stopped:
+            again = not instrumentor.is_instrumented_by_opentelemetry
             warnings.warn(
-                "spec_decode_otel.setup() was already called; returning the providers it "
-                "built (its settings stay)",
+                "spec_decode_otel.setup() was already called; returning the providers it built"
+                + (
+                    ", instrumenting again with them (uninstrument() came between)"
+                    if again
+                    else " (its settings stay)"
+                ),
                 RuntimeWarning,
                 stacklevel=caller_stacklevel(),
             )
+            if again:
+                _instrument(instrumentor, _built, instrument_options)
             return _built
-        instrumentor = SpecDecodeInstrumentor()
         if _built is not None and instrumentor.is_instrumented_by_opentelemetry:
             # Still instrumented with the providers since stopped: the new ones replace them.
             instrumentor.uninstrument()
         installed_tracer, installed_meter = _installed() if set_global else (None, None)
-        resource = installed_tracer.resource if installed_tracer else _resource(service_name)
+        resource = getattr(installed_tracer, "resource", None)
+        if not isinstance(resource, Resource):  # none installed, or not the SDK's
+            resource = _resource(service_name)
 
         exporting = False
         exports: dict[str, list[str]] = {"spans": [], "metrics": []}
+        lost: list[str] = []
+        tracer_provider: trace.TracerProvider
         if installed_tracer is None:
-            tracer_provider = _tracer_provider(resource)
+            built_tracer = _tracer_provider(resource)
             for processor, where in _exporters("TRACES", "spans", _span_processor):
-                tracer_provider.add_span_processor(processor)
+                built_tracer.add_span_processor(processor)
                 exports["spans"].append(where)
                 exporting = True
+            tracer_provider = built_tracer
         else:
             tracer_provider = installed_tracer
             exports["spans"].append(_INSTALLED.format(kind="TracerProvider"))
-        for processor in span_processors:
-            tracer_provider.add_span_processor(processor)
+        add_processor = getattr(tracer_provider, "add_span_processor", None)
+        if add_processor is not None:
+            for processor in span_processors:
+                add_processor(processor)
+        elif span_processors:
+            lost.append("span_processors")
+        if installed_meter and metric_readers:
+            lost.append("metric_readers")
+        meter_provider: metrics.MeterProvider
         if installed_meter is None:
             readers = list(metric_readers)
             for reader, where in _exporters("METRICS", "metrics", _metric_reader):
@@ -489,7 +517,7 @@ def setup(
             exports["metrics"].append(_INSTALLED.format(kind="MeterProvider"))
         borrowed = tuple(p for p in (installed_tracer, installed_meter) if p is not None)
         if borrowed:
-            _warn_borrowed(installed_tracer, installed_meter, bool(metric_readers))
+            _warn_borrowed(installed_tracer, installed_meter, lost)
 
         if set_global:
             if installed_tracer is None:
@@ -508,12 +536,47 @@ def setup(
         # A multiprocessing child (fork) ends with os._exit, where atexit never runs:
         # flush there at multiprocessing's own exit.
         multiprocessing.util.register_after_fork(built, _flush_at_child_exit)
-        # An installed provider is the global one: passed as None, as the instrumentation
-        # opentelemetry-instrument made has it, so that one is not told of other settings.
-        instrumentor.instrument(
-            tracer_provider=None if installed_tracer else tracer_provider,
-            meter_provider=None if installed_meter else meter_provider,
-            **instrument_options,
-        )
+        _instrument(instrumentor, built, instrument_options)
         _built = built
         return built
+
+
+def _instrument(
+    instrumentor: SpecDecodeInstrumentor, built: Providers, options: dict[str, Any]
+) -> None:
+    # An installed provider is the global one: passed as None, as the instrumentation
+    # opentelemetry-instrument made has it, so that one is not told of other settings.
+    def own(provider: Any) -> Any:
+        return None if any(provider is p for p in built._borrowed) else provider
+
+    instrumentor.instrument(
+        tracer_provider=own(built.tracer_provider),
+        meter_provider=own(built.meter_provider),
+        **options,
+    )
+
+
+def _import_sdk() -> None:
+    """Import the SDK (the ``otlp`` extra), or raise the ImportError that names the extra.
+
+    The SDK reads ``OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT`` as it is imported (a module-level
+    ``SpanLimits._from_env_if_absent``, opentelemetry-sdk 1.31 to 1.45), so a value it
+    refuses fails the import itself, and with it the application's start. Imported with
+    the variable hidden for that moment, the SDK refuses the value again where it refuses
+    the other limits, building the TracerProvider, and ``setup()`` warns and uses the
+    defaults (:func:`_tracer_provider`).
+    """
+    try:
+        import opentelemetry.sdk.metrics
+
+        try:
+            import opentelemetry.sdk.trace
+        except ValueError:
+            hidden = os.environ.pop("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", None)
+            try:
+                import opentelemetry.sdk.trace  # noqa: F401
+            finally:
+                if hidden is not None:
+                    os.environ["OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT"] = hidden
+    except ImportError as exc:
+        raise ImportError(_MISSING_EXTRA) from exc

@@ -133,6 +133,56 @@ def test_setup_after_shutdown_records_into_the_new_providers(simulator_url: str)
     assert "spec_decode.acceptance_length" in report["metrics"]
 
 
+AFTER_UNINSTRUMENT = """
+import json, os, warnings, openai, spec_decode_otel
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+spans = InMemorySpanExporter()
+client = openai.OpenAI(base_url=os.environ["SIMULATOR_URL"], api_key="sk-test", max_retries=0)
+def call():
+    client.chat.completions.create(model="spec-sim", messages=[{"role": "user", "content": "hi"}])
+processors = [SimpleSpanProcessor(spans)]
+first = spec_decode_otel.setup("one", set_global=False, span_processors=processors)
+call()
+spec_decode_otel.SpecDecodeInstrumentor().uninstrument()
+call()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    again = spec_decode_otel.setup("two", set_global=False)
+call()
+client.close()
+print(json.dumps({
+    "same": again is first,
+    "spans": len(spans.get_finished_spans()),
+    "warnings": [str(w.message) for w in caught],
+}))
+"""
+
+
+def test_setup_after_uninstrument_instruments_again_with_its_providers(
+    simulator_url: str,
+) -> None:
+    """``setup()``, ``uninstrument()``, ``setup()`` (a test suite's fixtures, an app
+    re-initialising): the second ``setup()`` returned the first one's providers with "its
+    settings stay", and nothing was instrumented, so every later call went unrecorded with
+    no word said. It now instruments again with the providers it built, and says so."""
+    done = subprocess.run(
+        [sys.executable, "-c", AFTER_UNINSTRUMENT],
+        env=clean_env(SIMULATOR_URL=simulator_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["same"] is True
+    assert report["spans"] == 2  # the first and the third call; not the uninstrumented one
+    (warning,) = report["warnings"]
+    assert "instrumenting again" in warning
+
+
 @pytest.mark.parametrize(
     "env",
     [

@@ -25,6 +25,7 @@ import pytest
 from collector_sink import Collector, Sink, attributes, running_collector, running_sink
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
+from installed import REPO, built_by
 from otlp_values import clean_env, run_under_opentelemetry_instrument
 
 #: One instrumented chat call to the simulator, then a normal exit.
@@ -52,9 +53,11 @@ def sink(collector: Collector) -> Sink:
     return collector.sink
 
 
-def run_app(script: str, simulator_url: str, **env: str) -> subprocess.CompletedProcess[str]:
+def run_app(
+    script: str, simulator_url: str, python: Path = Path(sys.executable), **env: str
+) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
-        [sys.executable, "-c", script],
+        [str(python), "-c", script],
         env=clean_env(SIMULATOR_URL=simulator_url, **env),
         capture_output=True,
         text=True,
@@ -407,6 +410,13 @@ def test_an_exporter_name_nothing_provides_warns_naming_it_and_exports_no_otlp(
             {"spans", "metrics"},
         ),
         (
+            # Read as the SDK is imported (a module-level SpanLimits._from_env_if_absent,
+            # opentelemetry-sdk 1.45.2 trace/__init__.py): the import itself failed.
+            {"OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "abc"},
+            ["span limits", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT"],
+            {"spans", "metrics"},
+        ),
+        (
             {"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "-3"},
             ["span limits", "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT"],
             {"spans", "metrics"},
@@ -419,7 +429,14 @@ def test_an_exporter_name_nothing_provides_warns_naming_it_and_exports_no_otlp(
             set(),
         ),
     ],
-    ids=["grpc-compression", "exemplar-filter", "attribute-count", "negative-length", "timeout"],
+    ids=[
+        "grpc-compression",
+        "exemplar-filter",
+        "attribute-count",
+        "span-attribute-count-at-import",
+        "negative-length",
+        "timeout",
+    ],
 )
 def test_an_otel_value_the_sdk_refuses_never_stops_the_application(
     simulator_url: str,
@@ -572,6 +589,78 @@ def test_setup_records_into_the_providers_the_application_installed(
         resources = [resource for resource, _ in sink.metrics()]
         assert resources, "setup()'s own MeterProvider exported nothing"
         assert {r["service.name"] for r in resources} == {"the-app"}
+
+
+LOGFIRE_PROVIDERS = """
+import json, os, warnings, logfire, openai
+from opentelemetry import trace
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+import spec_decode_otel
+
+spans, reader = InMemorySpanExporter(), InMemoryMetricReader()
+logfire.configure(
+    send_to_logfire=False,
+    inspect_arguments=False,  # the app is a -c script: no source for logfire to read
+    console=False,
+    service_name="the-app",
+    additional_span_processors=[SimpleSpanProcessor(spans)],
+    metrics=logfire.MetricsOptions(additional_readers=[reader]),
+)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    built = spec_decode_otel.setup("from-setup")
+client = openai.OpenAI(base_url=os.environ["SIMULATOR_URL"], api_key="sk-test", max_retries=0)
+with logfire.span("handler"):
+    client.chat.completions.create(model="spec-sim", messages=[{"role": "user", "content": "hi"}])
+client.close()
+got = {s.name: s for s in spans.get_finished_spans()}
+data = reader.get_metrics_data()
+print(json.dumps({
+    "spans": sorted(got),
+    "child": got["chat spec-sim"].parent.span_id == got["handler"].context.span_id
+    if "chat spec-sim" in got and "handler" in got else None,
+    "service": got["chat spec-sim"].resource.attributes.get("service.name")
+    if "chat spec-sim" in got else None,
+    "app_metrics": sorted(
+        m.name for rm in (data.resource_metrics if data else []) for sm in rm.scope_metrics
+        for m in sm.metrics
+    ),
+    "returned_global": built.tracer_provider is trace.get_tracer_provider(),
+    "warnings": [str(w.message) for w in caught],
+}))
+"""
+
+
+def test_setup_records_into_logfires_providers(
+    simulator_url: str, collector: Collector, sink: Sink
+) -> None:
+    """logfire (5.4, as pydantic-ai users run it) installs providers that are not the
+    SDK's: proxies (``logfire._internal.tracer.ProxyTracerProvider``, an API
+    ``TracerProvider``) that hand on to its own SDK providers. ``setup()`` took only SDK
+    providers for installed ones, built its own, could not install them ("Overriding of
+    current TracerProvider is not allowed") and instrumented with them anyway: with no
+    endpoint set, the call's spans and metrics were lost with no word said. It now
+    records into logfire's, as into any provider installed before it. (logfire runs in a
+    venv of its own: scripts/install-coexistence-venvs.sh says why.)"""
+    venvs = built_by("install-coexistence-venvs.sh", "SPEC_DECODE_OTEL_COEXISTENCE_VENVS")
+    done = run_app(
+        LOGFIRE_PROVIDERS,
+        simulator_url,
+        python=venvs / "logfire" / "bin" / "python",
+        PYTHONPATH=str(REPO / "src"),
+        OTEL_EXPORTER_OTLP_ENDPOINT=collector.grpc_endpoint,
+    )
+    report = json.loads(done.stdout)
+    assert report["spans"] == ["chat spec-sim", "handler"]
+    assert report["child"] is True
+    assert report["service"] == "the-app"
+    assert "spec_decode.acceptance_length" in report["app_metrics"]
+    assert report["returned_global"] is True
+    (warning,) = report["warnings"]
+    assert "already installed" in warning
+    assert span_names(sink) == [] and sink.metric_names() == set()  # all went to logfire
 
 
 WARNED_AT_THE_CALL = """

@@ -9,13 +9,17 @@ flags and run them, and a missing extra is named instead of a traceback.
 from __future__ import annotations
 
 import argparse
+import codecs
+import contextlib
+import io
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import BinaryIO
 
 from spec_decode_otel import summary
-from spec_decode_otel.payloads import record_from_text
+from spec_decode_otel.payloads import MAX_TEXT_BYTES, record_from_text
 
 _EXTRA_HINT = {
     "simulate": "pip install 'spec-decode-otel[simulator]'",
@@ -62,12 +66,50 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def _opened(path: str) -> Iterator[BinaryIO]:
+    """The bytes of ``path``, or of standard input for ``-`` (left open)."""
+    if path != "-":
+        with open(path, "rb") as handle:
+            yield handle
+        return
+    if sys.stdin is None:  # started with stdin closed (``<&-``)
+        raise OSError("standard input is closed")
+    yield sys.stdin.buffer
+
+
+def _encoding(head: bytes) -> str:
+    """UTF-8, with or without a byte-order mark, or UTF-16 when a BOM says so (what
+    PowerShell 5's ``>`` writes)."""
+    return "utf-16" if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) else "utf-8-sig"
+
+
 def _read(path: str) -> str:
-    """The text of ``path``, or of standard input for ``-``."""
-    if path == "-":
-        return sys.stdin.read()
-    with open(path, encoding="utf-8") as handle:
-        return handle.read()
+    """The text of ``path`` (``-``: standard input), refused past ``MAX_TEXT_BYTES``:
+    no more is read, so an input that never ends (``/dev/zero``, a stream piped in and
+    never closed) costs that much memory and no more."""
+    with _opened(path) as raw:
+        data = raw.read(MAX_TEXT_BYTES + 1)
+    if len(data) > MAX_TEXT_BYTES:
+        raise ValueError(f"larger than {MAX_TEXT_BYTES // 2**20} MiB")
+    return data.decode(_encoding(data))
+
+
+def _lines(raw: BinaryIO) -> Iterator[str]:
+    """The lines of ``raw``, decoded as they are read; one longer than
+    ``summary.MAX_LINE_CHARS`` is cut there (and skipped as too long), the rest of it read
+    past, so no line costs more memory than that. Lines end at LF, CRLF or CR, as JSON
+    Lines do, never inside a JSON string (U+2028 is no line end here)."""
+    head = raw.peek(2)[:2] if isinstance(raw, io.BufferedReader) else b""
+    text = io.TextIOWrapper(raw, encoding=_encoding(head), newline=None)
+    try:
+        while line := text.readline(summary.MAX_LINE_CHARS + 1):
+            if len(line) > summary.MAX_LINE_CHARS and line[-1] != "\n":
+                while (rest := text.readline(summary.MAX_LINE_CHARS)) and rest[-1] != "\n":
+                    pass
+            yield line
+    finally:
+        text.detach()  # leaves standard input (or the file, closed by its owner) open
 
 
 def _error(command: str, message: str) -> int:
@@ -96,22 +138,27 @@ def _parse(args: argparse.Namespace) -> int:
 
 
 def _summarize(args: argparse.Namespace) -> int:
-    """Print the summary of a records file; lines that are not records are reported on
-    stderr and left out, so one bad line does not hide the rest."""
+    """Print the summary of a records file, read line by line (its size costs no memory);
+    lines that are not records are left out and counted, the first ones said on stderr,
+    so one bad line does not hide the rest. Exit status 1 when no line was a record but
+    some were not (not a records file)."""
     path = args.file
+    skipped = summary.Skipped()
     try:
-        text = _read(path)
+        with _opened(path) as raw:
+            summaries = summary.summarize(summary.read_rows(_lines(raw), skipped))
     except (OSError, UnicodeDecodeError) as exc:
         return _error("summarize", f"cannot read {path}: {exc}")
-    rows, problems = summary.read_rows(text.splitlines())
-    for problem in problems:
-        print(f"spec-decode-otel summarize: {path}: {problem}", file=sys.stderr)
-    summaries = summary.summarize(rows)
+    for reason in skipped.reasons:
+        print(f"spec-decode-otel summarize: {path}: {reason}", file=sys.stderr)
+    if skipped.count > len(skipped.reasons):
+        more = skipped.count - len(skipped.reasons)
+        print(f"spec-decode-otel summarize: {path}: {more} more lines skipped", file=sys.stderr)
     if args.json:
-        print(json.dumps({**summary.to_json(summaries), "skipped_lines": len(problems)}, indent=2))
+        print(json.dumps({**summary.to_json(summaries), "skipped_lines": skipped.count}, indent=2))
     else:
         print(summary.render(summaries, "standard input" if path == "-" else path))
-    return 0
+    return 1 if skipped.count and not summaries else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

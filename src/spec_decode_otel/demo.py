@@ -160,8 +160,8 @@ def run(args: argparse.Namespace) -> int:
             progress = _Progress(args.requests, enabled=show)
             _run_workload(simulator.base_url, args.requests, args.concurrency, progress)
         # Every call's span has ended: its line is in the records file.
-        rows, _ = summary.read_rows(records.getvalue().splitlines())
-        summaries = summary.summarize(rows)
+        records.seek(0)
+        summaries = summary.summarize(summary.read_rows(records, summary.Skipped()))
         print(summary.render(summaries, "the spans it emitted"))
         if providers.exports:
             print(_where(providers.exports), file=sys.stderr)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,21 +108,46 @@ class Row:
     record: SpecDecodeAcceptanceRecord | None
 
 
-def read_rows(lines: Iterable[str]) -> tuple[list[Row], list[str]]:
-    """The rows of a records file, and one message per line that is not a row."""
-    rows: list[Row] = []
-    problems: list[str] = []
+#: A records-file line longer than this is skipped unread: a record's line, its per-step
+#: arrays at their bound (100,000 entries of at most k = 256), is well under it.
+MAX_LINE_CHARS = 4 * 1024 * 1024
+
+#: How many skipped lines :class:`Skipped` keeps the reason of; the rest are counted.
+SHOWN_SKIPPED = 20
+
+
+@dataclass
+class Skipped:
+    """The lines of a records file that are not rows: how many, and why, for the first
+    :data:`SHOWN_SKIPPED` (a file that is no records file must not cost a message a line)."""
+
+    count: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+    def add(self, reason: str) -> None:
+        self.count += 1
+        if len(self.reasons) < SHOWN_SKIPPED:
+            self.reasons.append(reason)
+
+
+def read_rows(lines: Iterable[str], skipped: Skipped) -> Iterator[Row]:
+    """The rows of a records file, read as they come; each line that is not a row is
+    added to ``skipped`` with its number and why."""
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
+        if len(line) > MAX_LINE_CHARS:
+            skipped.add(f"line {number}: longer than {MAX_LINE_CHARS} characters")
+            continue
         try:
-            rows.append(_row(json.loads(line)))
+            row = _row(json.loads(line))
         # json's errors and pydantic's ValidationError are ValueErrors; RecursionError is
         # json's answer to a deeply nested line.
         except (ValueError, RecursionError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            problems.append(f"line {number}: {reason}")
-    return rows, problems
+            skipped.add(f"line {number}: {reason}")
+            continue
+        yield row
 
 
 def _row(data: Any) -> Row:

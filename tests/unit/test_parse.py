@@ -161,7 +161,7 @@ def test_parse_command_prints_the_record_as_json(capsys, name):
 
 
 def test_parse_command_reads_stdin_for_dash(capsys, monkeypatch):
-    monkeypatch.setattr(sys, "stdin", io.StringIO(sse(CHUNKS)))
+    monkeypatch.setattr(sys, "stdin", _stdin(sse(CHUNKS).encode()))
     assert cli_main(["parse", "-"]) == 0
     assert dump_like(json.loads(capsys.readouterr().out), EXPECTED) == EXPECTED
 
@@ -171,6 +171,11 @@ def test_parse_command_prints_null_for_a_body_without_stats(capsys):
     out, err = capsys.readouterr()
     assert out.strip() == "null"
     assert err == ""
+
+
+def _stdin(data: bytes) -> io.TextIOWrapper:
+    """Standard input holding ``data``, with the binary buffer a real one has."""
+    return io.TextIOWrapper(io.BufferedReader(io.BytesIO(data)), encoding="utf-8")
 
 
 def _write(tmp_path, data: bytes) -> str:
@@ -186,7 +191,7 @@ def _write(tmp_path, data: bytes) -> str:
         lambda tmp: str(tmp),  # a directory
         lambda tmp: _write(tmp, b""),
         lambda tmp: _write(tmp, b"this is not a capture\nat all\n"),
-        lambda tmp: _write(tmp, b"\xff\xfe\x00garbage"),
+        lambda tmp: _write(tmp, b"\xc3\x28garbage"),
         lambda tmp: _write(tmp, b"[" * 100_000),
     ],
     ids=["missing", "directory", "empty", "garbage", "not-utf8", "too-deep"],
@@ -204,7 +209,7 @@ def test_parse_command_unreadable_input_is_one_line_on_stderr_and_exit_2(
 
 @pytest.mark.parametrize(
     "data",
-    [b"{", b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe"],
+    [b"{", b"[" * 100_000 + b"]" * 100_000, b"\xc3\x28"],
     ids=["not-json", "too-deep", "not-utf8"],
 )
 def test_parse_command_unreadable_request_file_is_one_line_on_stderr_and_exit_2(
@@ -220,7 +225,7 @@ def test_parse_command_unreadable_request_file_is_one_line_on_stderr_and_exit_2(
 
 
 def test_parse_command_empty_stdin_is_exit_2(capsys, monkeypatch):
-    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    monkeypatch.setattr(sys, "stdin", _stdin(b""))
     assert cli_main(["parse", "-"]) == 2
     assert "empty input" in capsys.readouterr().err
 
@@ -279,3 +284,37 @@ def test_python_dash_m_parse_of_garbage_exits_2_with_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stdout == b""
     assert len(done.stderr.decode().strip().splitlines()) == 1
+
+
+def test_an_input_that_never_ends_is_refused_past_the_bound():
+    """``parse /dev/zero`` (or a stream piped in and never closed) read everything before
+    comparing with the 64 MiB bound: it took all of a 24 GiB machine's memory and was
+    killed. At most the bound is read. Run under a 1 GiB address-space limit, so that
+    without the bound it fails (MemoryError) instead of taking the machine."""
+    script = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+        "from spec_decode_otel.cli import main\n"
+        "sys.exit(main(['parse', '/dev/zero']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    assert (
+        done.stderr.strip() == "spec-decode-otel parse: cannot read /dev/zero: larger than 64 MiB"
+    )
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16"])
+@pytest.mark.parametrize("name", ["vllm_merged_stream.sse", "vllm_premerge_body.json"])
+def test_a_capture_with_a_byte_order_mark_gives_its_record(capsys, tmp_path, encoding, name):
+    """Saved on Windows: UTF-8 with a BOM (Notepad) or UTF-16 (PowerShell 5's ``>``). The
+    BOM made the capture unreadable ("decode using utf-8-sig", said the error)."""
+    text = (PAYLOADS / name).read_text(encoding="utf-8")
+    path = _write(tmp_path, text.encode(encoding))
+    assert cli_main(["parse", str(PAYLOADS / name)]) == 0
+    want = json.loads(capsys.readouterr().out)
+    assert cli_main(["parse", path]) == 0
+    assert want is not None
+    assert json.loads(capsys.readouterr().out) == want

@@ -14,7 +14,15 @@ import pytest
 
 from spec_decode_otel import SpecDecodeAcceptanceRecord
 from spec_decode_otel.cli import main as cli_main
-from spec_decode_otel.summary import read_rows, render, row_for_span, summarize, to_json
+from spec_decode_otel.summary import (
+    SHOWN_SKIPPED,
+    Skipped,
+    read_rows,
+    render,
+    row_for_span,
+    summarize,
+    to_json,
+)
 from spec_decode_otel.telemetry import record_attributes
 
 
@@ -103,8 +111,9 @@ def test_a_span_gives_back_its_record(record: SpecDecodeAcceptanceRecord) -> Non
         "record": record.model_dump(mode="json"),
     }
     # The JSON line reads back as the same record.
-    ((row_back,), problems) = read_rows([json.dumps(row)])
-    assert problems == [] and row_back.record == record
+    skipped = Skipped()
+    (row_back,) = read_rows([json.dumps(row)], skipped)
+    assert skipped.count == 0 and row_back.record == record
 
 
 def test_a_call_without_record_is_a_row_and_other_spans_are_not() -> None:
@@ -127,18 +136,23 @@ def test_a_call_without_record_is_a_row_and_other_spans_are_not() -> None:
 def test_lines_that_are_not_rows_are_reported_by_number() -> None:
     bad_record = json.loads(line("m", "recorded", VLLM_A))
     bad_record["record"]["num_spec_steps"] = 3  # the histogram sums to 2
-    rows, problems = read_rows(
-        [
-            line("m", "recorded", VLLM_A),
-            "",
-            "not json",
-            json.dumps({**json.loads(line("m", "no_stats", None)), "outcome": "lost"}),
-            json.dumps(bad_record),
-            "[1, 2]",
-            line("m", "no_stats", None),
-        ]
+    skipped = Skipped()
+    rows = list(
+        read_rows(
+            [
+                line("m", "recorded", VLLM_A),
+                "",
+                "not json",
+                json.dumps({**json.loads(line("m", "no_stats", None)), "outcome": "lost"}),
+                json.dumps(bad_record),
+                "[1, 2]",
+                line("m", "no_stats", None),
+            ],
+            skipped,
+        )
     )
     assert [r.outcome for r in rows] == ["recorded", "no_stats"]
+    problems = skipped.reasons
     assert [p.split(":")[0] for p in problems] == ["line 3", "line 4", "line 5", "line 6"]
     assert "unknown outcome 'lost'" in problems[1]
     assert "not a JSON object" in problems[3]
@@ -148,9 +162,9 @@ def test_lines_that_are_not_rows_are_reported_by_number() -> None:
 
 
 def test_every_figure_pools_the_records_that_report_it() -> None:
-    rows, problems = read_rows(LINES)
-    assert problems == []
-    summaries = summarize(rows)
+    skipped = Skipped()
+    summaries = summarize(read_rows(LINES, skipped))
+    assert skipped.count == 0
     assert [s.model for s in summaries] == ["m", "other", None]
     m = summaries[0]
     assert m.calls == 6
@@ -180,7 +194,7 @@ def test_every_figure_pools_the_records_that_report_it() -> None:
 
 
 def test_json_and_text_say_the_same() -> None:
-    summaries = summarize(read_rows(LINES)[0])
+    summaries = summarize(read_rows(LINES, Skipped()))
     data = to_json(summaries)
     assert json.loads(json.dumps(data)) == data  # plain JSON types only
     assert data["calls"] == 8
@@ -224,7 +238,7 @@ def test_summarize_prints_the_summary(
 ) -> None:
     assert cli_main(["summarize", str(records_file)]) == 0
     out = capsys.readouterr().out
-    assert out.strip() == render(summarize(read_rows(LINES)[0]), str(records_file)).strip()
+    assert out.strip() == render(summarize(read_rows(LINES, Skipped())), str(records_file)).strip()
 
 
 def test_summarize_json(records_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -233,7 +247,7 @@ def test_summarize_json(records_file: Path, capsys: pytest.CaptureFixture[str]) 
     assert cli_main(["summarize", "--json", str(records_file)]) == 0
     captured = capsys.readouterr()
     data = json.loads(captured.out)
-    assert data == {**to_json(summarize(read_rows(LINES)[0])), "skipped_lines": 1}
+    assert data == {**to_json(summarize(read_rows(LINES, Skipped()))), "skipped_lines": 1}
     assert captured.err.strip() == (
         f"spec-decode-otel summarize: {records_file}: line 9: "
         "Expecting value: line 1 column 1 (char 0)"
@@ -269,3 +283,68 @@ def test_summarize_needs_the_core_only(records_file: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["calls"] == len(LINES)
+
+
+# -- what no records file holds --------------------------------------------------------------
+
+
+def test_a_file_that_is_no_records_file_says_why_for_the_first_lines_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A wrong file (a log, a capture) was read whole and said one stderr line per line:
+    ten million lines cost a minute, 1.4 GB and 830 MB of stderr, then exit 0 with "no
+    calls". The first reasons are said, the rest counted, and exit status 1 says that no
+    line was a record."""
+    path = tmp_path / "app.log"
+    path.write_text("x\n" * 100_000, encoding="utf-8")
+    assert cli_main(["summarize", "--json", str(path)]) == 1
+    captured = capsys.readouterr()
+    said = captured.err.splitlines()
+    assert len(said) == SHOWN_SKIPPED + 1
+    assert said[-1].endswith(f"{100_000 - SHOWN_SKIPPED} more lines skipped")
+    assert json.loads(captured.out)["skipped_lines"] == 100_000
+
+
+def test_a_line_past_the_bound_is_skipped_and_the_lines_after_it_are_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "records.jsonl"
+    with path.open("w", encoding="utf-8") as handle:
+        handle.write(LINES[0] + "\n")
+        handle.write('{"model": "' + "m" * (5 * 1024 * 1024) + '"}\n')
+        handle.write("\n".join(LINES[1:]) + "\n")
+    assert cli_main(["summarize", "--json", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["calls"] == len(LINES)
+    assert "line 2: longer than" in captured.err
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085"])
+def test_a_line_separator_in_a_model_name_does_not_split_its_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], separator: str
+) -> None:
+    """``str.splitlines`` also ends lines at U+2028, U+2029 and U+0085, which JSON strings
+    hold raw (a model name comes from the server's answer): the row was cut in two and
+    the line numbers after it were off. Lines end at LF, CRLF and CR only."""
+    row = json.loads(LINES[0])
+    row["model"] = f"m{separator}x"
+    path = tmp_path / "records.jsonl"
+    path.write_text(json.dumps(row, ensure_ascii=False) + "\n" + "bad\n", encoding="utf-8")
+    assert cli_main(["summarize", "--json", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["models"][0]["model"] == f"m{separator}x"
+    assert "line 2: " in captured.err
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16"])
+def test_a_records_file_with_a_byte_order_mark_is_read_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], encoding: str
+) -> None:
+    """Windows editors write UTF-8 with a BOM, PowerShell 5's ``>`` UTF-16: the BOM made
+    the first record a bad line (or the file unreadable)."""
+    path = tmp_path / "records.jsonl"
+    path.write_text("\n".join(LINES) + "\n", encoding=encoding)
+    assert cli_main(["summarize", "--json", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["calls"] == len(LINES)
+    assert captured.err == ""

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import BinaryIO
 
 from spec_decode_otel import summary
-from spec_decode_otel.payloads import MAX_TEXT_BYTES, record_from_text
+from spec_decode_otel.payloads import MAX_TEXT_BYTES, detection_from_text
 
 _EXTRA_HINT = {
     "simulate": "pip install 'spec-decode-otel[simulator]'",
@@ -130,9 +130,13 @@ def _parse(args: argparse.Namespace) -> int:
         if not isinstance(request, Mapping):
             return _error("parse", f"{request_path} is not a JSON object")
     try:
-        record = record_from_text(_read(path), request)
+        found = detection_from_text(_read(path), request)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return _error("parse", f"cannot read {path}: {exc}")
+    record = found.record
+    if record is None:  # why, on stderr: stdout stays the JSON a script reads
+        why = f"{found.outcome.value}: {found.reason}" if found.reason else found.outcome.value
+        print(f"spec-decode-otel parse: no record ({why})", file=sys.stderr)
     print(json.dumps(record.model_dump(mode="json") if record is not None else None, indent=2))
     return 0
 

@@ -12,8 +12,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from spec_decode_otel._logging import logger
-from spec_decode_otel.adapters.registry import detect
+from spec_decode_otel.adapters.registry import Detection, detect_outcome
 from spec_decode_otel.capture import ParsedResponse
+from spec_decode_otel.outcome import Outcome
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 from spec_decode_otel.sse import LINE_END, SseSplitter
 
@@ -37,22 +38,28 @@ def record_from_json(
 
     Never raises: anything that is not a recognisable, self-consistent payload gives None.
     """
+    return detection_from_json(body, request).record
+
+
+def detection_from_json(body: Any, request: Mapping[str, Any] | None = None) -> Detection:
+    """As :func:`record_from_json`, with the outcome and, for ``invalid``, the rule the
+    payload broke: why there is no record (``spec-decode-otel parse`` says it)."""
     try:
         if isinstance(body, Mapping):
             chunks: Sequence[Any] = (body,)
         elif isinstance(body, list):
             chunks = body
         else:
-            return None
+            return Detection(None, Outcome.NO_STATS)
         if not isinstance(request, Mapping):
             request = None
         responses = [
             p for p in (ParsedResponse.from_dict(c, request) for c in chunks) if p is not None
         ]
-        return detect(responses)
-    except Exception:  # defensive: detect() already isolates adapters
+        return detect_outcome(responses)
+    except Exception:  # defensive: detection already isolates adapters
         logger.debug("record_from_json failed", exc_info=True)
-        return None
+        return Detection(None, Outcome.INVALID, "the payload could not be read")
 
 
 def record_from_text(
@@ -60,8 +67,14 @@ def record_from_text(
 ) -> SpecDecodeAcceptanceRecord | None:
     """Decode ``text`` (any form :func:`parse_payloads` reads) and detect its record
     (``request`` as in :func:`record_from_json`)."""
+    return detection_from_text(text, request).record
+
+
+def detection_from_text(text: str, request: Mapping[str, Any] | None = None) -> Detection:
+    """As :func:`record_from_text`, with the outcome and its reason
+    (:func:`detection_from_json`)."""
     payloads = parse_payloads(text)
-    return record_from_json(payloads[0] if len(payloads) == 1 else payloads, request)
+    return detection_from_json(payloads[0] if len(payloads) == 1 else payloads, request)
 
 
 def parse_payloads(text: str) -> list[Any]:

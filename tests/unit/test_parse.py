@@ -166,11 +166,26 @@ def test_parse_command_reads_stdin_for_dash(capsys, monkeypatch):
     assert dump_like(json.loads(capsys.readouterr().out), EXPECTED) == EXPECTED
 
 
-def test_parse_command_prints_null_for_a_body_without_stats(capsys):
+def test_parse_command_prints_null_for_a_body_without_stats_and_says_why(capsys):
     assert cli_main(["parse", str(PAYLOADS / "plain_openai_body.json")]) == 0
     out, err = capsys.readouterr()
     assert out.strip() == "null"
-    assert err == ""
+    assert err == "spec-decode-otel parse: no record (no_stats)\n"
+
+
+def test_parse_command_says_which_rule_an_invalid_payload_broke(capsys, tmp_path):
+    """README sends a user whose calls end ``invalid`` here, and all it printed was
+    ``null``: the outcome and the first rule broken (the span's debug log line) go to
+    stderr, stdout stays the JSON a script reads."""
+    body = json.loads((PAYLOADS / "vllm_premerge_body.json").read_text(encoding="utf-8"))
+    body["choices"][0]["speculative_decoding_stats"]["num_spec_steps"] = 44  # histogram: 43
+    assert cli_main(["parse", _write(tmp_path, json.dumps(body).encode())]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "null"
+    assert err == (
+        "spec-decode-otel parse: no record (invalid: vllm payload: Value error, "
+        "histogram counts do not sum to num_spec_steps)\n"
+    )
 
 
 def _stdin(data: bytes) -> io.TextIOWrapper:

@@ -138,8 +138,9 @@ class SpecDecodeAcceptanceRecord(BaseModel):
         mal, rate = self.mean_acceptance_length, self.draft_acceptance_rate
         steps, accepted = self.num_spec_steps, self.num_accepted_draft_tokens
         drafted, k = self.num_draft_tokens, self.num_spec_tokens
-        if mal is not None and mal < 1.0:
-            raise ValueError("mean_acceptance_length must be >= 1")
+        # At most every draft of every step accepted, k <= MAX_SPEC_TOKENS of them.
+        if mal is not None and not 1.0 <= mal <= 1.0 + MAX_SPEC_TOKENS:
+            raise ValueError(f"mean_acceptance_length must be in [1, {1 + MAX_SPEC_TOKENS}]")
         if rate is not None and not 0.0 <= rate <= 1.0:
             raise ValueError("draft_acceptance_rate must be in [0, 1]")
         if accepted is not None and drafted is not None and accepted > drafted:

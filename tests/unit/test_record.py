@@ -151,7 +151,22 @@ INVALID = {
     ),
     "mean_below_one": (
         dict(acceptance_histogram=None, **_NO_PER_STEP, mean_acceptance_length=0.99),
-        ">= 1",
+        "must be in [1, 257]",
+    ),
+    # Beyond every draft of k = 256 accepted: also no float that sums past the largest
+    # one in a summary (1e308 twice was inf, and --json printed Infinity).
+    "mean_beyond_k_max": (
+        dict(
+            acceptance_histogram=None,
+            **_NO_PER_STEP,
+            draft_acceptance_rate=None,
+            num_spec_steps=None,
+            num_accepted_draft_tokens=None,
+            num_draft_tokens=None,
+            num_spec_tokens=None,
+            mean_acceptance_length=1e308,
+        ),
+        "must be in [1, 257]",
     ),
     "mean_contradicts_counts": (
         dict(mean_acceptance_length=1 + 16 / 14 + 1e-3),

@@ -15,18 +15,24 @@ exported.
 ``--timeout`` bounds the whole check, not each request: each request gets the time left,
 and the requests run on a thread the command stops waiting for at the deadline (httpx's
 timeout applies to each read, which a server that trickles bytes or SSE comments renews),
-so a request still unanswered then, and those not made, are reported as errors.
+so a request still unanswered then, and those not made, are reported as errors. The
+thread only makes the requests: every line is printed by the command's own thread, so a
+reader that leaves (``| head``) ends the check through ``main``'s ``BrokenPipeError``
+handling. Whatever the server sent is printed with its control characters escaped.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
+import math
 import os
+import queue
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
 
 from spec_decode_otel import telemetry as names
 from spec_decode_otel._logging import logger
@@ -53,10 +59,25 @@ MESSAGES = [
 #: Longest server error message printed (a server may send pages of HTML).
 MAX_ERROR_CHARS = 200
 WITH_RECORD = {Outcome.RECORDED.value, Outcome.PARTIAL.value}
+#: Most bytes of one answer, once decompressed, that check lets the SDK read (16 MiB, the
+#: largest body the instrumentation reads, ``sse.MAX_EVENT_CHARS``): a body that never
+#: ends, or a gzip bomb, ends that call with an error instead of taking the memory.
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+#: Longest ``--timeout`` taken, a day: ``Thread.join`` refuses larger ones (and nan).
+MAX_TIMEOUT = 86400.0
+#: What is said, instead of the switches, when no call had a record and some answer was
+#: not a chat completion: the requests did not reach an OpenAI-compatible server.
+NOT_CHAT = (
+    "Not every answer was an OpenAI chat completion (see the lines above): check the base "
+    "URL (it usually ends in /v1), and whether a proxy or a login page answers in front "
+    "of the server."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("base_url", help="the server's OpenAI base URL, e.g. http://vllm-0:8000/v1")
+    parser.add_argument(
+        "base_url", type=_base_url, help="the server's OpenAI base URL, e.g. http://vllm-0:8000/v1"
+    )
     parser.add_argument("--model", required=True, help="a model the server serves")
     parser.add_argument(
         "--api-key",
@@ -66,6 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--header",
         action="append",
+        type=_header,
         default=[],
         metavar="NAME:VALUE",
         help="an extra request header, e.g. a gateway's (repeatable)",
@@ -73,6 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--request-engine-stats",
         action="append",
+        type=_engine,
         default=[],
         metavar="ENGINE",
         help="add ENGINE's request fields that switch its stats on, as the "
@@ -83,40 +106,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=_timeout,
         default=60.0,
-        help="seconds for the whole check, its three requests together (default 60)",
+        help="seconds for the whole check, its three requests together (default 60, "
+        f"at most {MAX_TIMEOUT:g})",
     )
 
 
-class _Lines:
-    """The probes' lines, printed by the thread making the requests until the command
-    stops waiting for it (``close``), then by the command."""
+def _base_url(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the base URL is empty")
+    return text
 
-    def __init__(self) -> None:
-        self.outcomes: list[str] = []
-        self.body: Any = None
-        self._lock = threading.Lock()
-        self._closed = False
 
-    def add(self, label: str, outcome: str, said: str, body: Any) -> bool:
-        """Print one probe's line; False once closed (the line is dropped)."""
-        with self._lock:
-            if self._closed:
-                return False
-            self.outcomes.append(outcome)
-            self.body = self.body if self.body is not None else body
-            print(f"  {label:<24}{outcome:<18}{said}".rstrip())
-            return True
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME:VALUE")
+    return name.strip(), value.strip()
 
-    def close(self, timeout: float) -> None:
-        """Stop taking lines, and print those of the probes without one as errors."""
-        with self._lock:
-            self._closed = True
-        for label, _ in PROBES[len(self.outcomes) :]:
-            self.outcomes.append(Outcome.ERROR.value)
-            said = f"no answer within --timeout ({timeout:g} s for the whole check)"
-            print(f"  {label:<24}{Outcome.ERROR.value:<18}{said}")
+
+def _engine(text: str) -> str:
+    from spec_decode_otel.adapters.registry import registered_adapters
+
+    known = sorted({adapter.engine for adapter in registered_adapters()})
+    if text not in known:
+        raise argparse.ArgumentTypeError(f"unknown engine {text!r}; known: {', '.join(known)}")
+    return text
+
+
+def _timeout(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= MAX_TIMEOUT:  # nan fails every comparison
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds above 0 and at most {MAX_TIMEOUT:g}"
+        )
+    return seconds
+
+
+class _Answer(NamedTuple):
+    """What one request got: ``problem`` when it failed, ``foreign`` when what came back
+    was not a chat completion (a login page, another API's JSON), the decoded body of a
+    call that is not streamed."""
+
+    problem: str | None = None
+    foreign: str | None = None
+    body: Any = None
+
+
+class _Line(NamedTuple):
+    label: str
+    outcome: str
+    said: str
+    answer: _Answer
 
 
 class _Hints(logging.Handler):
@@ -141,7 +186,6 @@ def run(args: argparse.Namespace) -> int:
 
     from spec_decode_otel import instrument_client
 
-    headers = dict(_header(h) for h in args.header)
     spans = InMemorySpanExporter()
     # Each call is read from its span, and nothing is exported: the variables that set up
     # an application's SDK (OTEL_TRACES_SAMPLER, OTEL_SDK_DISABLED, limits) must not drop
@@ -155,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
     client = openai.OpenAI(
         base_url=args.base_url,
         api_key=args.api_key,
-        default_headers=headers,
+        default_headers=dict(args.header),
+        http_client=_bounded_http_client(openai),
         max_retries=0,
         timeout=args.timeout,
     )
@@ -168,68 +213,159 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:  # an unknown engine
         raise SystemExit(f"spec-decode-otel check: {exc}") from None
-    print(f"{args.base_url}  model {args.model}")
-    lines = _Lines()
+    _print(f"{args.base_url}  model {args.model}")
+    lines: queue.Queue[_Line | None] = queue.Queue()
+    stop = threading.Event()
     deadline = time.monotonic() + args.timeout
     prober = threading.Thread(
         target=_probe,
-        args=(client, args, spans, lines, deadline),
+        args=(client, args, spans, lines, stop, deadline),
         name="spec-decode-otel-check",
         daemon=True,  # past the deadline the command exits without it
     )
     prober.start()
+    done: list[_Line] = []
+    try:
+        while len(done) < len(PROBES):
+            try:
+                line = lines.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                line = None
+            if line is None:
+                break
+            done.append(line)
+            _print(f"  {line.label:<24}{line.outcome:<18}{line.said}".rstrip())
+    finally:
+        stop.set()  # the prober makes no request after this
+        logger.removeHandler(hints)
+    said = f"no answer within --timeout ({args.timeout:g} s for the whole check)"
+    for label, _ in PROBES[len(done) :]:
+        _print(f"  {label:<24}{Outcome.ERROR.value:<18}{said}")
     prober.join(max(deadline - time.monotonic(), 0.0))
-    lines.close(args.timeout)
     if not prober.is_alive():
         client.close()
-    logger.removeHandler(hints)
     for message in hints.messages:
-        print(f"\nhint: {message}")
-    outcomes = lines.outcomes
+        _print("")
+        _print(f"hint: {message}")
+    outcomes = [line.outcome for line in done] + [Outcome.ERROR.value] * (len(PROBES) - len(done))
     if all(outcome == Outcome.ERROR.value for outcome in outcomes):
-        print("\nNo call succeeded: check the URL, the model and the key (--header for a gateway).")
+        _print("")
+        _print("No call succeeded: check the URL, the model and the key (--header for a gateway).")
         return 1
     if not WITH_RECORD.intersection(outcomes):
-        fix = _fix_for(lines.body) or f"To get them, {TURN_STATS_ON}"
-        print(f"\nNo response carried spec-decode stats. {fix}", end="")
-        print(" (README: Why is my dashboard empty?).")
+        _print("")
+        if any(line.answer.foreign for line in done):
+            _print(NOT_CHAT)
+            return 1
+        bodies = [line.answer.body for line in done if line.answer.body is not None]
+        fix = _fix_for(bodies[0] if bodies else None) or f"To get them, {TURN_STATS_ON}"
+        _print(
+            f"No response carried spec-decode stats. {fix} (README: Why is my dashboard empty?)."
+        )
         return 1
     return 0
 
 
+class AnswerTooLarge(Exception):
+    """An answer went past ``MAX_ANSWER_BYTES``."""
+
+
+def _bounded_http_client(openai: Any) -> Any:
+    """The SDK's own HTTP client (``DefaultHttpxClient``, on httpx2 from openai 3, httpx
+    before), whose responses raise :class:`AnswerTooLarge` once their decoded bytes pass
+    ``MAX_ANSWER_BYTES``; None (the SDK builds its own) when the SDK's client is neither.
+    Both read every body, plain or streamed, through ``Response.iter_bytes``; its
+    decoder inflates one read (64 KiB) at a time, so a bomb costs at most ~1000 times
+    that over the bound. A proxy from the environment has a transport of its own,
+    which this one does not bound."""
+    http: Any = next(
+        (h for h in _http_modules() if issubclass(openai.DefaultHttpxClient, h.Client)), None
+    )
+    if http is None:
+        return None
+
+    class Response(http.Response):  # type: ignore[misc]  # httpx2's or httpx's
+        def iter_bytes(self, chunk_size: int | None = None) -> Iterator[bytes]:
+            size = 0
+            for chunk in super().iter_bytes(chunk_size):
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise AnswerTooLarge(
+                        f"the answer is over {MAX_ANSWER_BYTES >> 20} MiB, more than check reads"
+                    )
+                yield chunk
+
+    class Transport(http.HTTPTransport):  # type: ignore[misc]
+        def handle_request(self, request: Any) -> Any:
+            got = super().handle_request(request)
+            return Response(
+                got.status_code, headers=got.headers, stream=got.stream, extensions=got.extensions
+            )
+
+    return openai.DefaultHttpxClient(transport=Transport())
+
+
+def _http_modules() -> Iterator[Any]:
+    """httpx2 (openai 3's) and httpx (openai 1 and 2's), those installed: either may be
+    installed beside an SDK that uses the other."""
+    for name in ("httpx2", "httpx"):
+        try:
+            yield importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+
+
+def _print(text: str) -> None:
+    """Print a line of the report now, its control characters escaped: a reader that
+    left raises ``BrokenPipeError`` here, on the command's thread, for ``main``."""
+    print(_printable(text), flush=True)
+
+
+def _printable(text: str) -> str:
+    """``text`` with what a terminal would act on (C0 and C1 controls, DEL, line and
+    paragraph separators, bidi overrides: every character Python finds unprintable but
+    the space) written as its escape, ``\\x1b``, ``\\n``, ``\\u202e``; the line breaks of
+    the report itself are its own ``print`` calls."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def _probe(
-    client: Any, args: argparse.Namespace, spans: Any, lines: _Lines, deadline: float
+    client: Any,
+    args: argparse.Namespace,
+    spans: Any,
+    lines: queue.Queue[_Line | None],
+    stop: threading.Event,
+    deadline: float,
 ) -> None:
-    """Make the requests in turn, each with the time left, each line printed as it ends."""
-    for label, extra in PROBES:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return  # the command reports what is left
-        problem, answer = _request(client, args, extra, left)
-        ended = spans.get_finished_spans()
-        spans.clear()
-        attributes = (ended[-1].attributes or {}) if ended else {}
-        outcome = str(attributes.get(names.SD_OUTCOME, "none"))
-        if not lines.add(label, outcome, problem or _describe(attributes), answer):
-            return
-
-
-def _header(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition(":")
-    if not sep or not name.strip():
-        raise SystemExit(f"spec-decode-otel check: --header {text!r} is not NAME:VALUE")
-    return name.strip(), value.strip()
+    """Make the requests in turn, each with the time left, each line handed to the
+    command as it ends; stop once the command stopped waiting (the deadline, or a reader
+    that left)."""
+    try:
+        for label, extra in PROBES:
+            left = deadline - time.monotonic()
+            if left <= 0 or stop.is_set():
+                return  # the command reports what is left
+            answer = _request(client, args, extra, left)
+            ended = spans.get_finished_spans()
+            spans.clear()
+            attributes = (ended[-1].attributes or {}) if ended else {}
+            outcome = str(attributes.get(names.SD_OUTCOME, "none"))
+            said = answer.problem or answer.foreign or _describe(attributes)
+            lines.put(_Line(label, outcome, said, answer))
+    finally:
+        lines.put(None)
 
 
 def _request(
     client: Any, args: argparse.Namespace, extra: Mapping[str, Any], timeout: float
-) -> tuple[str | None, Any]:
-    """Make one request with ``timeout`` and read it to its end: what went wrong, else
-    None, and the decoded body of a call that is not streamed (read raw, then parsed as
-    an application would, which ends its span), else None."""
+) -> _Answer:
+    """Make one request with ``timeout`` and read it to its end: what went wrong, or what
+    came back instead of a chat completion, and the decoded body of a call that is not
+    streamed (read raw, then parsed as an application would, which ends its span)."""
     import openai
 
-    body = None
     request = {
         "model": args.model,
         "messages": MESSAGES,
@@ -239,14 +375,20 @@ def _request(
     }
     try:
         if extra.get("stream"):
-            for _ in client.chat.completions.create(**request):
-                pass
-        else:
-            raw = client.chat.completions.with_raw_response.create(**request)
-            raw.parse()
-            body = decode_json(raw.http_response.content)
+            stream = client.chat.completions.create(**request)
+            events = completions = 0
+            for chunk in stream:
+                events += 1
+                completions += isinstance(getattr(chunk, "choices", None), list)
+            if completions:
+                return _Answer()
+            kind = stream.response.headers.get("content-type", "no content-type")
+            return _Answer(foreign=f"not a chat completion stream: {kind}, {events} events")
+        raw = client.chat.completions.with_raw_response.create(**request)
+        raw.parse()
+        body = decode_json(raw.http_response.content)
     except openai.APIStatusError as exc:
-        return f"HTTP {exc.status_code}: {str(exc.message)[:MAX_ERROR_CHARS]}", None
+        return _Answer(problem=f"HTTP {exc.status_code}: {str(exc.message)[:MAX_ERROR_CHARS]}")
     except Exception as exc:  # whatever the server does (older SDKs raise a cut stream's
         # transport error as it is), the command reports it rather than a traceback
         problem = f"{type(exc).__name__}: {exc}"
@@ -254,8 +396,12 @@ def _request(
             # "Connection error." alone: the transport's reason (refused, unknown host,
             # TLS, no scheme in the URL) is only the cause
             problem += f" ({exc.__cause__})"
-        return problem[:MAX_ERROR_CHARS], None
-    return None, body
+        return _Answer(problem=problem[:MAX_ERROR_CHARS])
+    if isinstance(body, Mapping) and isinstance(body.get("choices"), list):
+        return _Answer(body=body)
+    kind = raw.http_response.headers.get("content-type", "no content-type")
+    start = raw.http_response.content[:60].decode("utf-8", "replace")
+    return _Answer(foreign=f"not a chat completion: {kind}, {start!r}")
 
 
 def _fix_for(body: Any) -> str | None:

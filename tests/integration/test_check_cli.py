@@ -11,12 +11,17 @@ server's answers are in tests/engines/test_llamacpp_server.py.
 from __future__ import annotations
 
 import contextlib
+import gzip
+import json
 import os
 import re
 import socket
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
 import pytest
@@ -148,20 +153,224 @@ def test_check_on_no_server_at_all_says_it_could_not_connect(simulator_url: str)
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
-        (["--header", "no-colon"], "is not NAME:VALUE"),
-        (["--request-engine-stats", "nonesuch"], "unknown engine(s) nonesuch; known:"),
+        (["--header", "no-colon"], "argument --header: 'no-colon' is not NAME:VALUE"),
+        (
+            ["--request-engine-stats", "nonesuch"],
+            "argument --request-engine-stats: unknown engine 'nonesuch'; known:",
+        ),
+        (["--timeout", "nan"], "argument --timeout: 'nan' is not a number of seconds"),
+        (["--timeout", "inf"], "argument --timeout: 'inf' is not a number of seconds"),
+        (["--timeout", "1e300"], "argument --timeout: '1e300' is not a number of seconds"),
+        (["--timeout", "0"], "argument --timeout: '0' is not a number of seconds"),
+        (["--timeout", "-5"], "argument --timeout: '-5' is not a number of seconds"),
+        (["--timeout", "abc"], "argument --timeout: 'abc' is not a number of seconds"),
+        (["--base-url-empty"], "argument base_url: the base URL is empty"),
     ],
-    ids=["header", "engine"],
+    ids=["header", "engine", "nan", "inf", "1e300", "zero", "negative", "not-a-number", "url"],
 )
-def test_bad_flags_are_refused_in_one_line(simulator_url: str, flags: list[str], says: str) -> None:
+def test_bad_flags_are_usage_errors_with_exit_status_2(
+    simulator_url: str, flags: list[str], says: str
+) -> None:
+    """A mistyped flag is a usage error, argparse's: exit status 2 and the usage, never 1,
+    which says the server sent no stats, nor a traceback. The header and the engine were
+    refused with 1 (a ``SystemExit`` message from ``run``); a timeout that is not a
+    finite number ended in ``Thread.join``'s OverflowError or ValueError traceback, and
+    0 or a negative one was taken, every call then reported as not answered in time; an
+    empty URL was taken too, each call then a connection error."""
+    url = "" if flags == ["--base-url-empty"] else simulator_url
+    flags = [] if url == "" else flags
     done = subprocess.run(
-        [*COMMAND, simulator_url, "--model", "m", *flags],
+        [*COMMAND, url, "--model", "m", *flags],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert done.returncode != 0
-    assert says in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("usage: spec-decode-otel check"), done.stderr
+    assert f"spec-decode-otel check: error: {says}" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_check_piped_into_a_reader_that_leaves_stops_quietly(simulator_url: str) -> None:
+    """``check ... | head -1``: the reader leaves after the first line. The command
+    stops without a word on stderr and with main's exit status for a reader that left
+    (1), as the other commands do. Each call's line was printed by the thread that made
+    the requests, where main's ``BrokenPipeError`` handling does not reach: the thread
+    died with a BrokenPipeError traceback ("Exception in thread spec-decode-otel-check").
+    Unbuffered, as the reproducer's shell had it, so each line is written as printed."""
+    with subprocess.Popen(
+        [*COMMAND, simulator_url, "--model", "m", "--header", "x-spec-decode-engine: vllm"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline().startswith(simulator_url.encode())
+        proc.stdout.close()  # the reader leaves before the calls' lines
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 1
+    assert err == ""
+
+
+class CannedServer:
+    """A loopback server that answers every POST, streamed or not, with the same status,
+    content type, body and extra headers: a login page, another API's JSON, an error
+    message made to move a terminal's cursor, a gzip bomb."""
+
+    def __init__(
+        self, status: int, content_type: str, body: bytes, headers: Mapping[str, str] = {}
+    ) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                self.send_response(status)
+                self.send_header("content-type", content_type)
+                self.send_header("content-length", str(len(body)))
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                with contextlib.suppress(OSError):  # a client that stopped reading
+                    self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __enter__(self) -> CannedServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@contextlib.contextmanager
+def canned(status: int, content_type: str, body: str) -> Iterator[str]:
+    with CannedServer(status, content_type, body.encode()) as server:
+        yield server.url
+
+
+#: C0 and C1 controls, DEL, a line separator and a bidi override: what a terminal acts
+#: on (clear the screen, colour, move the cursor, end the line, reverse the text).
+CONTROLS = "\x1b[2J\x1b[31m\x9b1A\x7f\r\u2028\u202e"
+
+
+def test_check_escapes_the_control_characters_of_a_servers_error_message() -> None:
+    """A server's error message is printed with its control characters escaped, so it
+    can neither clear the screen nor break the table: each call keeps one line, still
+    cut at 200 characters of the message. It was printed raw: ESC[2J cleared the
+    terminal, and its newlines put the rest of the message under the table's columns."""
+    message = f"{CONTROLS}boom\nline2\n" + "E" * 100_000
+    body = json.dumps({"error": {"message": message}})
+    with canned(500, "application/json", body) as url:
+        status, lines, out = run_check(url, "--model", "m", "--timeout", "20")
+    escaped = r"\x1b[2J\x1b[31m\x9b1A\x7f\r\u2028\u202eboom\nline2\nEEE"
+    for probe in PROBES:
+        # openai 3 says the error's message; openai 1 and 2 the error body's repr, which
+        # escapes the same characters the same way
+        assert lines[probe].startswith("error             HTTP 500: Error code: 500 - ")
+        assert escaped in lines[probe], lines[probe]
+        assert lines[probe].endswith("E" * 100)
+        assert len(lines[probe]) < 300
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u202e]", out), repr(out)
+    assert len(out.splitlines()) == 6  # the URL, three calls, a blank line, the verdict
+    assert status == 1
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("text/html", f"<html><title>Sign in</title><body>{CONTROLS}Log in</body></html>"),
+        ("application/json", json.dumps({"object": "list", "data": [1, 2, 3]})),
+        (
+            "text/event-stream",
+            "data: "
+            + json.dumps(
+                {
+                    "id": "x",
+                    "object": "chat.completion.chunk",
+                    "created": 1,
+                    "model": "m",
+                    "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}],
+                }
+            )
+            + "\n\ndata: [DONE]\n\n",
+        ),
+    ],
+    ids=["login-page", "other-json", "sse-for-a-plain-call"],
+)
+def test_check_says_when_the_answers_are_not_chat_completions(content_type: str, body: str) -> None:
+    """A proxy's login page (HTTP 200, HTML), another API's JSON (a wrong base URL), an
+    event stream for a call that is not streamed: the command says the answers are not
+    OpenAI chat completions, shows what came instead, and exits 1. It said every call
+    was no_stats and told the user to switch the server's per-request stats on, which
+    no engine setting fixes. (The SSE server streams chat chunks for the streamed calls,
+    which are chat completions without stats.)"""
+    with canned(200, content_type, body) as url:
+        status, lines, out = run_check(url, "--model", "m", "--timeout", "20")
+    said = " ".join(out.split())
+    assert lines["chat"].startswith(f"no_stats          not a chat completion: {content_type}, ")
+    if content_type != "text/event-stream":
+        for probe in PROBES[1:]:
+            wrong = f"not a chat completion stream: {content_type}, 0 events"
+            assert lines[probe] == f"no_stats          {wrong}", lines[probe]
+    assert "Not every answer was an OpenAI chat completion" in said
+    assert "check the base URL" in said and "a login page" in said
+    assert TURN_STATS_ON not in said and "\x1b" not in out
+    assert status == 1
+
+
+#: The command, run as ``python -m spec_decode_otel``, then its own peak memory printed on
+#: stderr: VmHWM, which starts again at exec (``ru_maxrss`` keeps the parent's peak).
+PEAK_MEMORY = """
+import runpy, sys
+try:
+    runpy.run_module("spec_decode_otel", run_name="__main__", alter_sys=True)
+finally:
+    with open("/proc/self/status") as status:
+        print(*[line for line in status if line.startswith("VmHWM")], file=sys.stderr)
+"""
+
+
+def test_check_stops_reading_an_answer_past_16_mib_of_a_gzip_bomb() -> None:
+    """A 200 answer of 256 MiB of spaces gzipped into 256 KiB (a gzip bomb; a body that
+    never ends is the same read): each call stops once the inflated answer passes 16 MiB,
+    an error that says so, and the command's peak memory stays far below the answer's
+    size. The SDK read every answer whole, whatever its size: 1.2 GB peak here, several
+    GB for the probe's 2 GiB bomb or endless body, until the machine ran out."""
+    bomb = gzip.compress(b" " * (256 << 20), compresslevel=1)
+    encoded = {"content-encoding": "gzip"}
+    with CannedServer(200, "application/json", bomb, encoded) as server:
+        done = subprocess.run(
+            [sys.executable, "-c", PEAK_MEMORY, "check", server.url, "--model", "m"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert "Traceback" not in done.stderr, done.stderr
+    for probe in PROBES:
+        found = re.search(rf"^  {re.escape(probe)}\s+error\s+(.*)$", done.stdout, re.M)
+        assert found, done.stdout
+        # openai 3 lets the error through; openai 1 and 2 wrap a read's error as a
+        # connection error, whose cause check says
+        too_large = "the answer is over 16 MiB, more than check reads"
+        assert found.group(1) in (
+            f"AnswerTooLarge: {too_large}",
+            f"APIConnectionError: Connection error. ({too_large})",
+        )
+    peak = re.search(r"^VmHWM:\s+(\d+) kB$", done.stderr, re.M)
+    assert peak and int(peak.group(1)) < 200 * 1024, done.stderr  # below 200 MiB
+    assert done.returncode == 1
 
 
 class HungServer:

@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 from spec_decode_otel import telemetry as names
 from spec_decode_otel._logging import logger
+from spec_decode_otel._terminal import printable
 from spec_decode_otel.instrumentation.hints import TURN_STATS_ON
 from spec_decode_otel.outcome import Outcome
 from spec_decode_otel.sse import decode_json
@@ -318,17 +319,7 @@ def _http_modules() -> Iterator[Any]:
 def _print(text: str) -> None:
     """Print a line of the report now, its control characters escaped: a reader that
     left raises ``BrokenPipeError`` here, on the command's thread, for ``main``."""
-    print(_printable(text), flush=True)
-
-
-def _printable(text: str) -> str:
-    """``text`` with what a terminal would act on (C0 and C1 controls, DEL, line and
-    paragraph separators, bidi overrides: every character Python finds unprintable but
-    the space) written as its escape, ``\\x1b``, ``\\n``, ``\\u202e``; the line breaks of
-    the report itself are its own ``print`` calls."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    print(printable(text), flush=True)
 
 
 def _probe(

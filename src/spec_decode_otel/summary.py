@@ -36,6 +36,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from spec_decode_otel import telemetry as names
+from spec_decode_otel._terminal import printable
 from spec_decode_otel.outcome import Outcome
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 
@@ -316,7 +317,7 @@ def render(summaries: Sequence[ModelSummary], source: str) -> str:
     if not summaries:
         lines += ["no calls", ""]
     for m in summaries:
-        model = m.model or "?"
+        model = printable(m.model or "?")  # what a server or a file named it
         for e in m.engines.values():
             k = ",".join(str(k) for k in sorted(e.num_spec_tokens)) or "?"
             positions = e.acceptance_at_position().items()
@@ -329,7 +330,7 @@ def render(summaries: Sequence[ModelSummary], source: str) -> str:
                 "accepted per verified": _figure(e.accepted_per_verified),
                 "per-position acceptance": shown,
             }
-            lines.append(f"model {model}   engine {e.engine}   k={k}")
+            lines.append(f"model {model}   engine {printable(e.engine)}   k={k}")
             lines += [f"  {label:<34}{value}" for label, value in figures.items()]
             if e.histogram:
                 lines.append("  steps by drafts accepted:")

@@ -348,3 +348,18 @@ def test_a_records_file_with_a_byte_order_mark_is_read_whole(
     captured = capsys.readouterr()
     assert json.loads(captured.out)["calls"] == len(LINES)
     assert captured.err == ""
+
+
+def test_a_model_name_with_control_characters_is_printed_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model name comes from the server's answer (``gen_ai.response.model``) or from
+    whoever wrote the file: printed raw, ESC[2J cleared the user's terminal."""
+    row = json.loads(LINES[0])
+    row["model"] = "m\x1b[2J\x9b\u202e"
+    path = tmp_path / "records.jsonl"
+    path.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    assert cli_main(["summarize", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "calls to m\\x1b[2J\\x9b\\u202e: 1" in out
+    assert not any(c in out for c in "\x1b\x9b\u202e")

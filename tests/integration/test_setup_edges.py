@@ -82,6 +82,21 @@ async def test_setup_exports_nothing_of_a_signal_whose_exporter_is_none(
         assert "spec_decode.acceptance_length" in got["metrics"]
 
 
+def _report_of(script: str, simulator_url: str) -> Any:
+    """What ``script`` printed as JSON, run in a process of its own against the
+    simulator (``setup()`` installs process-wide state)."""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=clean_env(SIMULATOR_URL=simulator_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
 AFTER_SHUTDOWN = """
 import json, os, openai, spec_decode_otel
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -118,16 +133,7 @@ def test_setup_after_shutdown_records_into_the_new_providers(simulator_url: str)
     providers ("already instrumented; the first settings stay"), so the new providers
     got no span and no metric, and the stopped ones dropped everything ("Processor is
     already shutdown"). The second ``setup()``'s providers get the calls."""
-    done = subprocess.run(
-        [sys.executable, "-c", AFTER_SHUTDOWN],
-        env=clean_env(SIMULATOR_URL=simulator_url),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    report = _report_of(AFTER_SHUTDOWN, simulator_url)
     assert report["first"] == 0
     assert report["second"] == ["two"]
     assert "spec_decode.acceptance_length" in report["metrics"]
@@ -167,16 +173,7 @@ def test_setup_after_uninstrument_instruments_again_with_its_providers(
     re-initialising): the second ``setup()`` returned the first one's providers with "its
     settings stay", and nothing was instrumented, so every later call went unrecorded with
     no word said. It now instruments again with the providers it built, and says so."""
-    done = subprocess.run(
-        [sys.executable, "-c", AFTER_UNINSTRUMENT],
-        env=clean_env(SIMULATOR_URL=simulator_url),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    report = _report_of(AFTER_UNINSTRUMENT, simulator_url)
     assert report["same"] is True
     assert report["spans"] == 2  # the first and the third call; not the uninstrumented one
     (warning,) = report["warnings"]

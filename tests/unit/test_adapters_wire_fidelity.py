@@ -226,6 +226,43 @@ def test_tokenspeed_counts_that_break_a_rule_give_no_record():
     assert record_from_json(tokenspeed_meta(spec_draft_tokens="60")) is None
 
 
+def test_tokenspeed_reply_with_no_verify_step_is_a_zero_step_record():
+    """TokenSpeed sets ``spec_verify_ct`` on every finished request of a speculative
+    server and its two counts only ``if verify_ct > 0`` (PR lightseekorg/tokenspeed#1443,
+    ``runtime/engine/output_processor.py``): a one-token reply sends the step count alone.
+    It was read as a malformed payload (outcome ``invalid``)."""
+    payload = chat_completion(
+        usage={"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+        choice={"meta_info": {"id": "r", "prompt_tokens": 3, "spec_verify_ct": 0}},
+    )
+    detection = detect_outcome([ParsedResponse.from_dict(payload)])
+    record = detection.record
+    assert detection.outcome is Outcome.PARTIAL and record is not None
+    assert record.engine == "tokenspeed"
+    assert (record.num_spec_steps, record.num_accepted_draft_tokens) == (0, 0)
+    assert (record.num_draft_tokens, record.num_spec_tokens) == (0, None)
+    assert record.mean_acceptance_length == 1.0
+    assert record.acceptance_histogram is None
+
+
+def test_older_sglang_reply_with_no_verify_step_is_a_zero_step_sglang_record():
+    """SGLang before 0.5 (``TokenizerManager._calculate_spec_decoding_metrics``) sets
+    ``spec_accept_rate = 0.0``, ``spec_accept_length = 0`` and ``spec_verify_ct`` first,
+    and ``spec_accept_token_num``/``spec_draft_token_num`` only when verify_ct > 0."""
+    meta = {"spec_verify_ct": 0, "spec_accept_rate": 0.0, "spec_accept_length": 0}
+    payload = chat_completion(
+        usage={"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+        choice={"meta_info": meta},
+    )
+    record = record_from_json(payload)
+    assert record is not None and record.engine == "sglang"
+    assert (record.num_spec_steps, record.num_accepted_draft_tokens) == (0, 0)
+    # Steps without their counts are still malformed: SGLang sends both or neither.
+    meta_without_counts = {"spec_verify_ct": 3, "spec_accept_rate": 0.5, "spec_accept_length": 2}
+    payload["choices"][0]["meta_info"] = meta_without_counts
+    assert detect_outcome([ParsedResponse.from_dict(payload)]).outcome is Outcome.INVALID
+
+
 def test_sglang_names_beside_a_tokenspeed_name_are_sglang():
     payload = tokenspeed_meta(spec_num_correct_drafts=27)
     record = record_from_json(payload)

@@ -26,6 +26,11 @@ Only SGLang's own names are read so; TokenSpeed's counts are held to the rules a
 TokenSpeed (SGLang-derived, PR lightseekorg/tokenspeed#1443) sends ``spec_verify_ct``,
 ``spec_accepted_tokens`` (bonus excluded, as in SGLang) and ``spec_draft_tokens`` in
 ``meta_info``; its records say ``engine="tokenspeed"``.
+
+A request with no verify step (one token, from the prefill) has a record of 0 steps, as
+vLLM's and SGLang's ``sglext`` zeros give. TokenSpeed sends ``spec_verify_ct: 0`` alone
+then, and SGLang before 0.5 ``spec_verify_ct: 0`` with its two floats at 0 (both set
+their counts only when a step ran): the counts are 0, not missing.
 """
 
 from __future__ import annotations
@@ -119,6 +124,11 @@ class SglangAdapter:
         for names, count in ((_STEPS, steps), (_ACCEPTED, accepted), (_DRAFTED, drafted)):
             if count is None and first_present(details, *names) is not None:
                 return None  # present but not an exact count: malformed, not "unreported"
+        step_count_only = steps == 0 and accepted is None and drafted is None
+        if step_count_only:
+            # No verify step (a one-token reply): TokenSpeed and SGLang before 0.5 send
+            # the step count and their counts only when it is above 0.
+            accepted = drafted = 0
         if accepted is None or (steps is None and drafted is None):
             return None
         for name in _FLOATS:
@@ -135,9 +145,9 @@ class SglangAdapter:
                 return None
             if not raw_hist and steps:
                 hist = None  # SGLang's filler for a histogram it did not keep
-        tokenspeed = _TOKENSPEED_ACCEPTED in details and not any(
-            name in details for name in _ACCEPTED[:-1]
-        )
+        tokenspeed = (
+            _TOKENSPEED_ACCEPTED in details and not any(name in details for name in _ACCEPTED[:-1])
+        ) or (step_count_only and not any(name in details for name in _FLOATS))
         if not tokenspeed and (
             (k is not None and hist and max(hist) > k)
             or (drafted is not None and accepted > drafted)

@@ -12,6 +12,7 @@ is enriched instead of getting a second span.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -20,6 +21,8 @@ import pytest
 from instrumentation_helpers import MODEL, Otel
 from opentelemetry.trace import SpanKind
 
+from openai_sdk import http as sdk_http
+from openai_sdk import mock_client
 from spec_decode_otel import record_from_json
 from spec_decode_otel.payloads import parse_payloads
 
@@ -184,3 +187,68 @@ def test_responses_requests_are_never_amended(
     (body,) = seen
     assert b"include_usage" not in body and b"return_spec_tokens_details" not in body
     assert dict(our_span(otel).attributes or {})["spec_decode.outcome"] == "partial"
+
+
+def _response_body(status: str, details: dict[str, str] | None) -> dict[str, Any]:
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "status": status,
+        "incomplete_details": details,
+        "model": MODEL,
+        "output": [],
+        "usage": {"input_tokens": 5, "output_tokens": 40, "total_tokens": 45},
+    }
+
+
+#: (status, incomplete_details, the stream event that ends such a response, or None when
+#: none does, and the finish reasons expected).
+STATUSES = [
+    ("completed", None, "response.completed", ["stop"]),
+    ("incomplete", {"reason": "max_output_tokens"}, "response.incomplete", ["length"]),
+    ("incomplete", {"reason": "content_filter"}, "response.incomplete", ["content_filter"]),
+    ("incomplete", {"reason": "a_new_reason"}, "response.incomplete", ["a_new_reason"]),
+    ("incomplete", None, "response.incomplete", ["incomplete"]),
+    ("failed", None, "response.failed", ["error"]),
+    ("cancelled", None, None, ["error"]),
+    ("in_progress", None, None, None),
+]
+CASES = [(*case, False) for case in STATUSES] + [(*c, True) for c in STATUSES if c[2]]
+
+
+@pytest.mark.parametrize(("status", "details", "terminal", "reasons", "stream"), CASES)
+def test_a_responses_status_gives_the_finish_reason_genai_openai_gives(
+    instrumented: Otel, status: str, details: Any, terminal: Any, reasons: Any, stream: bool
+) -> None:
+    """``gen_ai.response.finish_reasons`` of a Responses API call, mapped from its status
+    as genai-openai maps it (opentelemetry-python-genai main, ``response_extractors.py``,
+    ``_finish_reason_from_status``): a response cut at ``max_output_tokens`` is
+    ``incomplete`` with that reason (the OpenAI API's ``response.incomplete`` event ends
+    its stream), which dashboards expect as ``length``. It was ``incomplete``, and
+    ``failed`` and ``cancelled`` were passed through as such."""
+    body = _response_body(status, details)
+    events = [
+        {
+            "type": "response.created",
+            "sequence_number": 0,
+            "response": {**body, "status": "in_progress"},
+        },
+        {"type": terminal, "sequence_number": 1, "response": body},
+    ]
+
+    def answer(request: Any) -> Any:
+        if not stream:
+            return sdk_http.Response(200, json=body)
+        sse = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
+        return sdk_http.Response(200, headers={"content-type": "text/event-stream"}, text=sse)
+
+    result = mock_client(answer).responses.create(model=MODEL, input=INPUT, stream=stream)
+    if stream:
+        assert [event.type for event in result] == [e["type"] for e in events]
+    else:
+        assert result.status == status
+    attrs = dict(our_span(instrumented).attributes or {})
+    got = attrs.get("gen_ai.response.finish_reasons")
+    assert (None if got is None else list(got)) == reasons
+    assert attrs["gen_ai.usage.output_tokens"] == 40

@@ -312,13 +312,31 @@ class Call:
         return detect_outcome(responses)
 
 
-#: A Responses API status → a GenAI finish reason (as genai-openai maps them).
-RESPONSES_FINISH_REASONS: Mapping[str, str] = {
-    "completed": "stop",
-    "incomplete": "incomplete",
-    "failed": "failed",
-    "cancelled": "cancelled",
+#: Why a Responses API response is ``incomplete`` → a GenAI finish reason; another
+#: reason is given as sent.
+_INCOMPLETE_REASONS: Mapping[str, str] = {
+    "max_output_tokens": "length",
+    "content_filter": "content_filter",
 }
+
+
+def responses_finish_reason(response: Any) -> str | None:
+    """A Responses API response's finish reason, as genai-openai maps its status
+    (opentelemetry-util-genai's ``response_extractors.py``, ``_finish_reason_from_status``):
+    ``completed`` is ``stop``, ``failed`` and ``cancelled`` are ``error``, ``incomplete``
+    is its reason (``max_output_tokens`` is ``length``), or ``incomplete`` without one;
+    None for any other status. ``response`` is an SDK object or its decoded JSON."""
+    status = _field(response, "status")
+    if status == "completed":
+        return "stop"
+    if status in ("failed", "cancelled"):
+        return "error"
+    if status != "incomplete":
+        return None
+    reason = _field(_field(response, "incomplete_details"), "reason")
+    if not isinstance(reason, str):
+        return "incomplete"
+    return _INCOMPLETE_REASONS.get(reason, reason)
 
 
 def finish_reasons(body: Any) -> list[Any]:
@@ -331,8 +349,7 @@ def finish_reasons(body: Any) -> list[Any]:
         choices = sdk_choices(body)
     if choices:
         return [_field(c, "finish_reason") for c in choices[:MAX_FINISH_REASONS]]
-    status = _field(body, "status")
-    reason = RESPONSES_FINISH_REASONS.get(status) if isinstance(status, str) else None
+    reason = responses_finish_reason(body)
     return [reason] if reason is not None else []
 
 
@@ -344,7 +361,9 @@ def _parsed_chunk(chunk: Any, request: Mapping[str, Any] | None) -> ParsedRespon
 
 
 def _field(obj: Any, name: str) -> Any:
-    """``obj.name``, or ``obj[name]`` of a decoded JSON object."""
+    """``obj.name``, or ``obj[name]`` of a decoded JSON object; None for None."""
+    if obj is None:
+        return None
     return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
 
 

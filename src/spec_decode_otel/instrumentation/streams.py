@@ -43,7 +43,7 @@ import wrapt
 
 from spec_decode_otel._logging import report_internal_error
 from spec_decode_otel.instrumentation import finalizer
-from spec_decode_otel.instrumentation.call import MAX_FINISH_REASONS, RESPONSES_FINISH_REASONS, Call
+from spec_decode_otel.instrumentation.call import MAX_FINISH_REASONS, Call, responses_finish_reason
 from spec_decode_otel.integrations import note_openai_stream, note_openai_stream_error
 from spec_decode_otel.record import MAX_CHOICES
 
@@ -129,8 +129,7 @@ class StreamObserver:
                 # A Responses API event: the finished response comes last, so every event
                 # may be kept (the deque keeps the last ones).
                 self.kept.append(payload)
-                status = response.get("status") if isinstance(response, Mapping) else None
-                self._note_event(payload.get("type"), status)
+                self._note_event(payload.get("type"), response)
                 return
             root_fields, choice_fields = _sdk_fields()
             keep = payload.get("usage") is not None or not root_fields.issuperset(payload)
@@ -167,7 +166,7 @@ class StreamObserver:
         kind = getattr(chunk, "type", None)
         if getattr(chunk, "model_extra", None) or _is_terminal(kind):
             self.kept.append(chunk)
-        self._note_event(kind, getattr(response, "status", None))
+        self._note_event(kind, response)
         return True
 
     # -- what both kinds of chunk note --------------------------------------------------
@@ -187,10 +186,12 @@ class StreamObserver:
         self._finish_reason(reason)
         return True
 
-    def _note_event(self, kind: Any, status: Any) -> None:
+    def _note_event(self, kind: Any, response: Any) -> None:
         """A Responses API event's finish reason, when it ends the response."""
-        reason = RESPONSES_FINISH_REASONS.get(status) if isinstance(status, str) else None
-        if _is_terminal(kind) and reason is not None:
+        if not _is_terminal(kind):
+            return
+        reason = responses_finish_reason(response)
+        if reason is not None:
             self._finish_reason(reason)
 
     def _finish_reason(self, reason: Any) -> None:

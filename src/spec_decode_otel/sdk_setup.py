@@ -85,6 +85,10 @@ class Providers:
     _borrowed: tuple[_AnyProvider, ...] = field(default=(), repr=False)
     _stopped: bool = field(default=False, init=False, repr=False)
 
+    def _is_borrowed(self, provider: object) -> bool:
+        """Whether ``provider`` was installed before ``setup()``: not ours to stop."""
+        return any(provider is borrowed for borrowed in self._borrowed)
+
     def shutdown(self) -> None:
         """Flush and stop both providers (also registered with ``atexit``); idempotent.
 
@@ -108,7 +112,7 @@ class Providers:
         deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
         started: list[threading.Thread] = []
         for name, provider in providers.items():
-            stop = not any(provider is borrowed for borrowed in self._borrowed)
+            stop = not self._is_borrowed(provider)
             worker = threading.Thread(
                 target=_flush_and_stop,
                 args=(provider, stop),
@@ -546,12 +550,10 @@ def _instrument(
 ) -> None:
     # An installed provider is the global one: passed as None, as the instrumentation
     # opentelemetry-instrument made has it, so that one is not told of other settings.
-    def own(provider: Any) -> Any:
-        return None if any(provider is p for p in built._borrowed) else provider
-
+    tracer_provider, meter_provider = built.tracer_provider, built.meter_provider
     instrumentor.instrument(
-        tracer_provider=own(built.tracer_provider),
-        meter_provider=own(built.meter_provider),
+        tracer_provider=None if built._is_borrowed(tracer_provider) else tracer_provider,
+        meter_provider=None if built._is_borrowed(meter_provider) else meter_provider,
         **options,
     )
 

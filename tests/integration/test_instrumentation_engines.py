@@ -43,6 +43,7 @@ from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 from spec_decode_otel.telemetry import (
     ACCEPTANCE_LENGTH_BUCKETS,
     ACCEPTANCE_RATE_BUCKETS,
+    SCOPE_NAME,
 )
 
 PARTIAL_ENGINES = {"trtllm-released", "llamacpp"}
@@ -354,3 +355,24 @@ async def test_server_errors_give_an_error_span_and_the_bare_sdk_exception(
     check_genai_metrics(otel, base, None, False, error=type(seen).__qualname__)
     metrics = otel.metrics()
     assert not [n for n in SPEC_DECODE_METRICS if otel.points(metrics, n)]
+
+
+@pytest.mark.parametrize("model", ["", "m" * 257], ids=["empty", "too-long"])
+def test_a_request_model_that_is_no_usable_name_is_left_out(
+    model: str, instrumented: Otel, openai_client: Any
+) -> None:
+    """README: an unknown value "is left out, never sent empty". An empty model went on
+    the span and into every metric series as ``gen_ai.request.model=""`` (found by a
+    helper comparing our telemetry with the GenAI conventions); a name past 256
+    characters is held to the rule the server's model names are held to."""
+    kwargs = request_kwargs("vllm", "chat", False, 77)
+    kwargs["model"] = model
+    call_sync(openai_client, "chat", kwargs)
+    span = instrumented.only_span()
+    assert span.name == "chat"
+    assert "gen_ai.request.model" not in span.attributes
+    assert span.attributes["spec_decode.outcome"] == "recorded"
+    points = [
+        p for scope, m in instrumented.metrics() if scope == SCOPE_NAME for p in m.data.data_points
+    ]
+    assert points and all("gen_ai.request.model" not in p.attributes for p in points)

@@ -30,6 +30,7 @@ from reliability_helpers import (
 
 from spec_decode_otel.instrumentation.genai_metrics import (
     M_OPERATION_DURATION,
+    M_TIME_TO_FIRST_CHUNK,
 )
 from spec_decode_otel.simulator.faults import DROP_AFTER_CHUNKS, PAYLOAD_FAULTS
 from spec_decode_otel.telemetry import (
@@ -156,6 +157,22 @@ def assert_error_span(otel: Otel, outcome: Outcome) -> None:
     assert [p.attributes.get(ERROR_TYPE) for p in durations] == [outcome.error.__qualname__]
 
 
+def assert_first_chunk_time_without_error(otel: Otel, stream: bool) -> None:
+    """A stream cut after its first chunks has its time to first chunk, without
+    ``error.type``: the GenAI metrics convention gives that metric the duration's
+    attributes but not ``error.type`` (semantic-conventions-genai ``gen-ai-metrics.md``),
+    and util-genai 1.1b0 records it when the first chunk arrives, before any error."""
+    points = otel.points(M_TIME_TO_FIRST_CHUNK)
+    assert len(points) == (1 if stream else 0)
+    assert all(ERROR_TYPE not in p.attributes for p in points)
+    durations = otel.points(M_OPERATION_DURATION)
+    assert all(
+        {k: v for k, v in d.attributes.items() if k != ERROR_TYPE} == dict(p.attributes)
+        for d in durations
+        for p in points
+    )
+
+
 # --------------------------------------------------------------------------- payload faults
 
 
@@ -263,6 +280,7 @@ def test_connection_dropped(sync_client, stream: bool) -> None:
     if stream:  # the chunks sent before the cut reached the user, unchanged
         assert len(seen.chunks) == DROP_AFTER_CHUNKS
     assert_error_span(otel, seen)
+    assert_first_chunk_time_without_error(otel, stream)
     otel.shutdown()
 
 
@@ -280,6 +298,7 @@ async def test_connection_dropped_async(async_client, stream: bool) -> None:
     if stream:
         assert len(seen.chunks) == DROP_AFTER_CHUNKS
     assert_error_span(otel, seen)
+    assert_first_chunk_time_without_error(otel, stream)
     otel.shutdown()
 
 

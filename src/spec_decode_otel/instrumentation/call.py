@@ -235,7 +235,7 @@ class Call:
                 output_tokens = _field(usage, "output_tokens")
         input_tokens = input_tokens if _is_count(input_tokens) else None
         output_tokens = output_tokens if _is_count(output_tokens) else None
-        response_model = response_model if _is_short_text(response_model) else None
+        response_model = response_model if is_short_text(response_model) else None
 
         detection = self._detect(responses, multi_sequence)
         outcome = detection.outcome
@@ -263,7 +263,7 @@ class Call:
                 attrs[GEN_AI_USAGE_INPUT_TOKENS] = input_tokens
             if output_tokens is not None:
                 attrs[GEN_AI_USAGE_OUTPUT_TOKENS] = output_tokens
-            reasons = [r for r in finish_reasons if _is_short_text(r)]
+            reasons = [r for r in finish_reasons if is_short_text(r)]
             if reasons:
                 attrs[GEN_AI_RESPONSE_FINISH_REASONS] = reasons
             if error_type is not None:
@@ -376,10 +376,11 @@ def _chunk_usage(chunk: Any) -> Any:
     return usage
 
 
-def _is_short_text(value: Any) -> bool:
-    """A server's name that can go on a span and into a metric series. JSON can spell a
-    lone surrogate, which has no UTF-8 form and which the OTLP encoder therefore drops,
-    with a logged exception on every export."""
+def is_short_text(value: Any) -> bool:
+    """A name (a model, a finish reason) that can go on a span and into a metric series:
+    not empty, not longer than ``MAX_SERVER_TEXT``, and with a UTF-8 form. JSON can spell
+    a lone surrogate, which has none and which the OTLP encoder therefore drops, with a
+    logged exception on every export."""
     if not isinstance(value, str) or not 0 < len(value) <= MAX_SERVER_TEXT:
         return False
     try:

@@ -68,7 +68,9 @@ class GenAiMetrics:
         attrs = dict(series) if error_type is None else {**series, ERROR_TYPE: error_type}
         self.operation_duration.record(duration, attrs, context=context)
         if time_to_first_chunk is not None:
-            self.time_to_first_chunk.record(time_to_first_chunk, attrs, context=context)
+            # The first chunk came: how the stream ended later is not its attribute (the
+            # convention's table for this metric has no error.type).
+            self.time_to_first_chunk.record(time_to_first_chunk, dict(series), context=context)
         # Token usage carries the token type, not error.type.
         for token_type, tokens in (("input", input_tokens), ("output", output_tokens)):
             if tokens is not None:

@@ -27,7 +27,7 @@ from spec_decode_otel._attributes import current_attributes
 from spec_decode_otel._logging import report_internal_error
 from spec_decode_otel.adapters.protocol import request_fields
 from spec_decode_otel.adapters.registry import registered_adapters
-from spec_decode_otel.instrumentation.call import Call, CallPlan
+from spec_decode_otel.instrumentation.call import Call, CallPlan, is_short_text
 from spec_decode_otel.instrumentation.coexistence import (
     is_foreign_genai_span,
     recording_wrapper_on_stack,
@@ -145,7 +145,7 @@ class Instrumentation:
         ``genai_metrics_recorded``: another instrumentation records the call's GenAI client
         metrics (the openai wrapper found its wrapper on the stack), so we do not."""
         settings = self.settings
-        model = model if isinstance(model, str) else None
+        model = model if is_short_text(model) else None  # "" is no model
         host, port = server
         span_attrs: dict[str, Any] = {
             GEN_AI_OPERATION_NAME: operation,

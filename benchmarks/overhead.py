@@ -129,9 +129,8 @@ class Providers:
 
 
 class Floor:
-    """Config E: one span around the bare call, ending with B's 18 attributes, and B's two
-    histogram records (attribute sets of B's size, with the span's context); none of B's
-    counter sums."""
+    """Config E: one span around the bare call with B's 19 attributes, and B's two histogram
+    records (B's attribute sets, with the span's context); none of B's counter sums."""
 
     START = {
         "gen_ai.operation.name": "chat",
@@ -141,6 +140,7 @@ class Floor:
         "server.port": 8000,
     }
     END = {
+        "gen_ai.request.max_tokens": 256,
         "gen_ai.response.model": "spec-sim",
         "spec_decode.outcome": "recorded",
         "gen_ai.usage.input_tokens": 11,

@@ -222,6 +222,8 @@ async def test_one_span_with_the_record_of_the_payload(
     if usage is not None:
         expected["gen_ai.usage.input_tokens"] = usage["prompt_tokens"]
         expected["gen_ai.usage.output_tokens"] = usage["completion_tokens"]
+    if stream:
+        expected["gen_ai.request.stream"] = True
     assert {k: v for k, v in attrs.items() if not k.startswith("spec_decode.")} == expected
     # the user saw exactly what the server sent (every chunk, nothing added or removed)
     sent = payload if stream else [payload]
@@ -376,3 +378,39 @@ def test_a_request_model_that_is_no_usable_name_is_left_out(
         p for scope, m in instrumented.metrics() if scope == SCOPE_NAME for p in m.data.data_points
     ]
     assert points and all("gen_ai.request.model" not in p.attributes for p in points)
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_the_requests_sampling_settings_go_on_the_span_and_never_on_metrics(
+    api: str, instrumented: Otel, openai_client: Any
+) -> None:
+    """The GenAI conventions' recommended request attributes (semantic-conventions-genai
+    ``docs/gen-ai/openai.md``): acceptance moves with temperature and top_p, so a trace
+    search can slice it by them. Numbers as sent; a value of another type is left out,
+    as is a ``max_tokens`` of ``true`` (an int to Python, not to JSON)."""
+    kwargs = request_kwargs("vllm", api, False, 78, temperature=0.7, top_p=1)
+    kwargs.update(seed=5, frequency_penalty=0.25)
+    kwargs["max_completion_tokens" if api == "chat" else "max_tokens"] = 64
+    kwargs["extra_body"] = {"presence_penalty": "high"}
+    call_sync(openai_client, api, kwargs)
+    attrs = instrumented.only_span().attributes
+    assert {k: v for k, v in attrs.items() if k.startswith("gen_ai.request.")} == {
+        "gen_ai.request.model": MODEL,
+        "gen_ai.request.temperature": 0.7,
+        "gen_ai.request.top_p": 1,
+        "gen_ai.request.seed": 5,
+        "gen_ai.request.frequency_penalty": 0.25,
+        "gen_ai.request.max_tokens": 64,
+    }
+    keys = {k for _, m in instrumented.metrics() for p in m.data.data_points for k in p.attributes}
+    assert keys and not {k for k in keys if k.startswith("gen_ai.request.")} - {
+        "gen_ai.request.model"
+    }
+
+    instrumented.clear()
+    kwargs = request_kwargs("vllm", api, True, 79, n=2, max_tokens=True)
+    call_sync(openai_client, api, kwargs)
+    attrs = instrumented.only_span().attributes
+    assert attrs["gen_ai.request.choice.count"] == 2
+    assert attrs["gen_ai.request.stream"] is True
+    assert "gen_ai.request.max_tokens" not in attrs

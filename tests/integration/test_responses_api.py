@@ -84,6 +84,9 @@ async def test_llamacpp_responses_stream_gives_the_timings_record(
     assert attrs["gen_ai.usage.output_tokens"] == usage["output_tokens"]
     assert attrs["gen_ai.response.model"] == MODEL
     assert list(attrs["gen_ai.response.finish_reasons"]) == ["stop"]
+    # the Responses API's max_output_tokens is the convention's gen_ai.request.max_tokens
+    assert attrs["gen_ai.request.max_tokens"] == kwargs["max_output_tokens"]
+    assert attrs["gen_ai.request.stream"] is True
     record = record_from_json(payload)
     assert record is not None and record.completion_tokens == usage["output_tokens"]
     assert attrs["spec_decode.draft_acceptance_rate"] == record.draft_acceptance_rate

@@ -12,6 +12,7 @@ retries, and lets every other endpoint pass straight through.
 from __future__ import annotations
 
 import contextlib
+import math
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -37,6 +38,7 @@ from spec_decode_otel.instrumentation.genai_metrics import GenAiMetrics
 from spec_decode_otel.instrumentation.hints import hints
 from spec_decode_otel.instrumentation.responses import wrap_result
 from spec_decode_otel.instrumentation.settings import Settings
+from spec_decode_otel.record import MAX_COUNT
 from spec_decode_otel.telemetry import (
     GEN_AI_OPERATION_NAME,
     GEN_AI_PROVIDER_NAME,
@@ -60,6 +62,21 @@ OPERATIONS: Mapping[str, str] = {
 _AMENDABLE = frozenset({"/chat/completions", "/completions"})
 PROVIDER = "openai"
 _TRACE_CONTEXT = TraceContextTextMapPropagator()
+#: Request settings put on our spans as GenAI ``gen_ai.request.*`` attributes (never on
+#: metrics), by body key; acceptance moves with the sampling settings, so a trace search
+#: can slice it by them. Stop sequences are left out: they are text from the prompt's side.
+_REQUEST_NUMBERS: Mapping[str, str] = {
+    "temperature": "gen_ai.request.temperature",
+    "top_p": "gen_ai.request.top_p",
+    "frequency_penalty": "gen_ai.request.frequency_penalty",
+    "presence_penalty": "gen_ai.request.presence_penalty",
+}
+_REQUEST_COUNTS: Mapping[str, str] = {
+    "max_tokens": "gen_ai.request.max_tokens",
+    "max_completion_tokens": "gen_ai.request.max_tokens",
+    "max_output_tokens": "gen_ai.request.max_tokens",  # the Responses API's name
+    "seed": "gen_ai.request.seed",
+}
 
 #: Spans that an earlier call already enriched with ``spec_decode.*``: a second call under
 #: the same span gets a child span of its own instead of overwriting the first's figures.
@@ -163,6 +180,7 @@ class Instrumentation:
         for key in settings.metric_attributes:
             if key in user:
                 metric_attrs[key] = bound(key, user[key])
+        span_attrs.update(request_attributes(request, streaming))
 
         current = trace.get_current_span(parent)
         foreign = is_foreign_genai_span(current)
@@ -315,6 +333,32 @@ def _sent_body(options: Any) -> Mapping[str, Any] | None:
         return None
     extra = getattr(options, "extra_json", None)
     return {**body, **extra} if isinstance(extra, Mapping) and extra else body
+
+
+def request_attributes(body: Mapping[str, Any] | None, streaming: bool) -> dict[str, Any]:
+    """The GenAI ``gen_ai.request.*`` span attributes of a request body: its sampling
+    settings, token limit, seed and ``n`` as sent (numbers only; anything else is left
+    out), and ``gen_ai.request.stream`` when it streams."""
+    attrs: dict[str, Any] = {"gen_ai.request.stream": True} if streaming else {}
+    if body is None:
+        return attrs
+    for key, name in _REQUEST_NUMBERS.items():
+        value = body.get(key)
+        if _fits_int64(value) or (type(value) is float and math.isfinite(value)):
+            attrs[name] = value
+    for key, name in _REQUEST_COUNTS.items():
+        value = body.get(key)
+        if _fits_int64(value):
+            attrs[name] = value
+    n = body.get("n")
+    if _fits_int64(n) and n != 1:
+        attrs["gen_ai.request.choice.count"] = n
+    return attrs
+
+
+def _fits_int64(value: Any) -> bool:
+    """An int OTLP can carry (int64)."""
+    return type(value) is int and -MAX_COUNT <= value <= MAX_COUNT
 
 
 def _requested_sequences(body: Mapping[str, Any]) -> int:

@@ -390,8 +390,9 @@ def test_the_requests_sampling_settings_go_on_the_span_and_never_on_metrics(
     as is a ``max_tokens`` of ``true`` (an int to Python, not to JSON)."""
     kwargs = request_kwargs("vllm", api, False, 78, temperature=0.7, top_p=1)
     kwargs.update(seed=5, frequency_penalty=0.25)
-    kwargs["max_completion_tokens" if api == "chat" else "max_tokens"] = 64
-    kwargs["extra_body"] = {"presence_penalty": "high"}
+    # In the body as sent (extra_body): openai 1.40 has no max_completion_tokens keyword.
+    limit = "max_completion_tokens" if api == "chat" else "max_tokens"
+    kwargs["extra_body"] = {limit: 64, "presence_penalty": "high"}
     call_sync(openai_client, api, kwargs)
     attrs = instrumented.only_span().attributes
     assert {k: v for k, v in attrs.items() if k.startswith("gen_ai.request.")} == {

@@ -180,7 +180,7 @@ class Instrumentation:
         for key in settings.metric_attributes:
             if key in user:
                 metric_attrs[key] = bound(key, user[key])
-        span_attrs.update(request_attributes(request, streaming))
+        span_attrs.update(_request_attributes(request, streaming))
 
         current = trace.get_current_span(parent)
         foreign = is_foreign_genai_span(current)
@@ -335,7 +335,7 @@ def _sent_body(options: Any) -> Mapping[str, Any] | None:
     return {**body, **extra} if isinstance(extra, Mapping) and extra else body
 
 
-def request_attributes(body: Mapping[str, Any] | None, streaming: bool) -> dict[str, Any]:
+def _request_attributes(body: Mapping[str, Any] | None, streaming: bool) -> dict[str, Any]:
     """The GenAI ``gen_ai.request.*`` span attributes of a request body: its sampling
     settings, token limit, seed and ``n`` as sent (numbers only; anything else is left
     out), and ``gen_ai.request.stream`` when it streams."""

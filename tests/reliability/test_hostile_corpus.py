@@ -40,7 +40,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk
 from openai.types.chat.chat_completion_chunk import Choice
-from reliability_helpers import API_KEY, MOCK_BASE_URL, Otel, internal_errors
+from reliability_helpers import API_KEY, MOCK_BASE_URL, Otel, internal_errors, sse
 
 from spec_decode_otel import instrument_client, record_from_text
 from spec_decode_otel.record import MAX_SPEC_TOKENS
@@ -88,7 +88,7 @@ def ordinary_twin(body: bytes) -> bytes:
     with only the fields the SDK's own chunk and choice models declare."""
     if not body.startswith(b"data:"):
         return ORDINARY_REPLY
-    events = []
+    chunks = []
     for event in body.split(b"\n\n"):
         data = event.removeprefix(b"data: ")
         if not data or data == b"[DONE]":
@@ -98,8 +98,8 @@ def ordinary_twin(body: bytes) -> bytes:
             {k: v for k, v in choice.items() if k in Choice.model_fields}
             for choice in chunk["choices"]
         ]
-        events.append(f"data: {json.dumps(chunk)}\n\n")
-    return "".join(events).encode() + b"data: [DONE]\n\n"
+        chunks.append(chunk)
+    return sse(chunks)
 
 
 def replay_client(body: bytes) -> openai.OpenAI:

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 from spec_decode_otel import telemetry as names
 from spec_decode_otel._logging import logger
-from spec_decode_otel._terminal import printable
+from spec_decode_otel._terminal import printable, write_out
 from spec_decode_otel.instrumentation.hints import TURN_STATS_ON
 from spec_decode_otel.outcome import Outcome
 from spec_decode_otel.sse import decode_json
@@ -319,7 +319,7 @@ def _http_modules() -> Iterator[Any]:
 def _print(text: str) -> None:
     """Print a line of the report now, its control characters escaped: a reader that
     left raises ``BrokenPipeError`` here, on the command's thread, for ``main``."""
-    print(printable(text), flush=True)
+    write_out(printable(text), flush=True)
 
 
 def _probe(

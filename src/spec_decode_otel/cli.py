@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import BinaryIO
 
 from spec_decode_otel import summary
+from spec_decode_otel._terminal import OutputError, flush_out, write_out
 from spec_decode_otel.payloads import MAX_TEXT_BYTES, detection_from_text
 
 _EXTRA_HINT = {
@@ -137,7 +138,7 @@ def _parse(args: argparse.Namespace) -> int:
     if record is None:  # why, on stderr: stdout stays the JSON a script reads
         why = f"{found.outcome.value}: {found.reason}" if found.reason else found.outcome.value
         print(f"spec-decode-otel parse: no record ({why})", file=sys.stderr)
-    print(json.dumps(record.model_dump(mode="json") if record is not None else None, indent=2))
+    write_out(json.dumps(record.model_dump(mode="json") if record is not None else None, indent=2))
     return 0
 
 
@@ -159,9 +160,11 @@ def _summarize(args: argparse.Namespace) -> int:
         more = skipped.count - len(skipped.reasons)
         print(f"spec-decode-otel summarize: {path}: {more} more lines skipped", file=sys.stderr)
     if args.json:
-        print(json.dumps({**summary.to_json(summaries), "skipped_lines": skipped.count}, indent=2))
+        write_out(
+            json.dumps({**summary.to_json(summaries), "skipped_lines": skipped.count}, indent=2)
+        )
     else:
-        print(summary.render(summaries, "standard input" if path == "-" else path))
+        write_out(summary.render(summaries, "standard input" if path == "-" else path))
     return 1 if skipped.count and not summaries else 0
 
 
@@ -169,15 +172,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     try:
         status = _run(args)
-        sys.stdout.flush()  # here, not at exit: a reader that left is caught below
+        flush_out()  # here, not at exit: a reader that left is caught below
     except BrokenPipeError:
-        # The reader went away (``| head``): stop quietly, as a shell tool does. Python
-        # flushes stdout again at exit, so stdout goes to devnull first.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # The reader went away (``| head``): stop quietly, as a shell tool does.
+        _drop_stdout()
+        return 1
+    except OutputError as exc:  # a full disk, a closed stdout: say so, as ``cat`` does
+        print(f"spec-decode-otel {args.command}: cannot write the output: {exc}", file=sys.stderr)
+        _drop_stdout()
         return 1
     except KeyboardInterrupt:  # Ctrl-C (check waiting on a hung server): no traceback
         return 130
     return status
+
+
+def _drop_stdout() -> None:
+    """Send what is left in stdout's buffer to devnull: Python flushes it again at exit,
+    which would fail the same way, with a traceback."""
+    if sys.stdout is not None:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _run(args: argparse.Namespace) -> int:

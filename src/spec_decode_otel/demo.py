@@ -21,6 +21,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from spec_decode_otel import SpecDecodeInstrumentor, attributes, summary
+from spec_decode_otel._terminal import write_out
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
@@ -162,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         # Every call's span has ended: its line is in the records file.
         records.seek(0)
         summaries = summary.summarize(summary.read_rows(records, summary.Skipped()))
-        print(summary.render(summaries, "the spans it emitted"))
+        write_out(summary.render(summaries, "the spans it emitted"))
         if providers.exports:
             print(_where(providers.exports), file=sys.stderr)
         if args.records_out:

@@ -212,6 +212,25 @@ def test_check_piped_into_a_reader_that_leaves_stops_quietly(simulator_url: str)
     assert err == ""
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="Linux's /dev/full")
+def test_check_with_a_full_disk_for_stdout_says_so_once(simulator_url: str) -> None:
+    """``check ... > /dev/full``: its first line cannot be written. One line on stderr
+    and exit status 1, as tests/unit/test_cli_output.py pins for parse and summarize;
+    before, an ``OSError`` traceback."""
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run(
+            [*COMMAND, simulator_url, "--model", "m"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1, done.stderr
+    said = "spec-decode-otel check: cannot write the output: No space left on device\n"
+    assert done.stderr == said
+
+
 class CannedServer:
     """A loopback server that answers every POST, streamed or not, with the same status,
     content type, body and extra headers: a login page, another API's JSON, an error

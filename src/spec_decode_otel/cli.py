@@ -122,6 +122,9 @@ def _error(command: str, message: str) -> int:
 def _parse(args: argparse.Namespace) -> int:
     """Print the record of a capture as JSON (``null`` when it has no usable stats)."""
     path, request_path = args.file, args.request
+    if path == "-" and request_path == "-":
+        # Standard input can be read once: the request would read what the capture left.
+        return _error("parse", "- for both the capture and --request: give one as a file")
     request = None
     if request_path is not None:
         try:

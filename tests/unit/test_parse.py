@@ -333,3 +333,18 @@ def test_a_capture_with_a_byte_order_mark_gives_its_record(capsys, tmp_path, enc
     assert cli_main(["parse", path]) == 0
     assert want is not None
     assert json.loads(capsys.readouterr().out) == want
+
+
+def test_parse_command_refuses_standard_input_for_both_capture_and_request(capsys, monkeypatch):
+    """``parse - --request -``: standard input can be read once, so the request was read
+    from whatever the capture's read left (nothing), and the error blamed the capture
+    ("empty input"). Refused before anything is read, with exit status 2."""
+    stdin = io.BytesIO(b'{"model": "m"}')
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(stdin))
+    assert cli_main(["parse", "-", "--request", "-"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "spec-decode-otel parse: - for both the capture and --request: give one as a file\n"
+    )
+    assert stdin.tell() == 0

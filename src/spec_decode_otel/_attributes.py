@@ -29,11 +29,22 @@ def attributes(**values: str | bool | int | float) -> Iterator[None]:
     """
     merged = dict(_current.get())
     merged.update({k: v for k, v in values.items() if isinstance(v, _ALLOWED_TYPES)})
-    token = _current.set(MappingProxyType(merged))
+    mine = MappingProxyType(merged)
+    token = _current.set(mine)
     try:
         yield
     finally:
-        _current.reset(token)
+        try:
+            _current.reset(token)
+        except ValueError:
+            # The block ends in another context than it began in: a generator stepped in
+            # a copy of the context per step (Starlette's iterate_in_threadpool), an async
+            # generator closed by another task. ``reset`` refuses there; that context gets
+            # back the values from before the block if it holds this block's, else it
+            # keeps its own, as OpenTelemetry's ``detach`` leaves a foreign context be.
+            if _current.get() is mine:
+                old = token.old_value
+                _current.set(_EMPTY if old is contextvars.Token.MISSING else old)
 
 
 def current_attributes() -> Mapping[str, Any]:

@@ -9,8 +9,10 @@ headers and body the server received.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import warnings
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -34,6 +36,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler
 
 import spec_decode_otel
+from reclaimed import collect
+from spec_decode_otel._attributes import current_attributes
 
 # -- instrument_client ---------------------------------------------------------------------
 
@@ -239,6 +243,79 @@ async def test_user_attributes_cross_await_and_never_bleed_between_tasks(
     assert sorted(
         (p.attributes["workload"], p.attributes["gen_ai.request.model"]) for p in points
     ) == [(f"w{i}", f"model-{i}") for i in range(4)]
+
+
+async def test_user_attributes_in_a_relay_generator_stepped_in_copied_contexts(
+    instrumented: Otel, openai_client: Any
+) -> None:
+    """A proxy that relays a stream from a sync generator through Starlette's
+    ``StreamingResponse``, which steps it with ``iterate_in_threadpool``: each step runs
+    in a copy of the context (``anyio.to_thread.run_sync``; starlette 1.10.0,
+    ``concurrency.py``). An ``attributes()`` block in that generator began in one copy
+    and ended in another, and its exit raised ``ValueError`` ("created in a different
+    Context") into the request: the response failed at its last chunk. Now the relay
+    reads to the end, and the span carries the block's values."""
+    from starlette.concurrency import iterate_in_threadpool
+
+    def relay() -> Iterator[Any]:
+        with spec_decode_otel.attributes(tenant="acme"):
+            yield from openai_client.chat.completions.create(
+                **request_kwargs("vllm", "chat", True, 95)
+            )
+
+    chunks = [chunk async for chunk in iterate_in_threadpool(relay())]
+    assert any(c.choices and c.choices[0].finish_reason for c in chunks)  # read to its end
+    span = instrumented.only_span()
+    assert span.attributes["tenant"] == "acme"
+    assert span.attributes["spec_decode.outcome"] == "recorded"
+
+
+def test_user_attributes_in_an_async_generator_the_loop_closes_raise_nothing(
+    instrumented: Otel, simulator_url: str
+) -> None:
+    """An async relay generator left half read: ``asyncio.run`` closes it at its end
+    (``shutdown_asyncgens``), in another context than the block's, and the loop reported
+    the block's ``ValueError`` as an unhandled exception."""
+    reported: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, c: reported.append(c))
+        client = openai.AsyncOpenAI(api_key="sk-test", base_url=simulator_url, max_retries=0)
+
+        async def relay() -> AsyncIterator[Any]:
+            with spec_decode_otel.attributes(tenant="acme"):
+                kwargs = request_kwargs("vllm", "chat", True, 96)
+                async for chunk in await client.chat.completions.create(**kwargs):
+                    yield chunk
+
+        async for _ in relay():
+            break  # the generator is left to the loop
+
+    asyncio.run(main())
+    assert reported == []
+    collect()  # openai 1.40's stream is left to the garbage collector, which ends its span
+    assert instrumented.only_span().attributes["tenant"] == "acme"
+
+
+def test_user_attributes_ended_in_another_context_undo_only_their_own_values() -> None:
+    """Where a block ends in another context than it began in, that context gets back
+    the values from before the block when it holds the block's (a copy taken inside it),
+    and keeps its own otherwise: values set there by someone else are not clobbered."""
+    block = spec_decode_otel.attributes(tenant="acme")
+    began = contextvars.copy_context()
+    began.run(block.__enter__)
+    holding_the_block = began.copy()
+    holding_the_block.run(block.__exit__, None, None, None)
+    assert dict(holding_the_block.run(current_attributes)) == {}
+
+    other_block = spec_decode_otel.attributes(tenant="beta")
+    began = contextvars.copy_context()
+    began.run(other_block.__enter__)
+    elsewhere = contextvars.copy_context()
+    elsewhere.run(spec_decode_otel.attributes(workload="batch").__enter__)
+    elsewhere.run(other_block.__exit__, None, None, None)
+    assert dict(elsewhere.run(current_attributes)) == {"workload": "batch"}
+    assert dict(began.run(current_attributes)) == {"tenant": "beta"}
 
 
 # -- opt-in request changes -----------------------------------------------------------------

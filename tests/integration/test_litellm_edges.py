@@ -232,6 +232,39 @@ async def test_an_answer_litellm_retried_for_has_its_record(otel: Otel, simulato
     assert otel.requests_by_outcome() == {"error": 1, "recorded": 1}
 
 
+async def test_a_sync_attempt_litellm_retried_has_its_error_span(
+    otel: Otel, simulator_url: str
+) -> None:
+    """``litellm.completion(model="hosted_vllm/...", num_retries=2)``: the first request
+    gets a 500, the retry the answer. The user saw the answer's span only, and the failed
+    attempt stayed open for good (``open_litellm_calls()`` 1 after the call), which kept
+    the openai wrapper noting every SDK stream.
+
+    LiteLLM 1.110.2 reports no end for it: the ``client`` wrapper's ``except`` returns
+    ``completion_with_retries`` (utils.py) before its failure logging; the retry starts
+    under the same ``litellm_call_id`` in the same thread. That start now ends the failed
+    attempt: an error span, ``error.type`` ``_OTHER`` (LiteLLM did not say what failed),
+    dated from its start to the retry's."""
+    otel.instrument()
+    request = request_kwargs("vllm", "chat", False, seed_for("retried, sync"))
+    with FailsFirst(simulator_url) as relay:
+        kwargs = {**litellm_kwargs("hosted_vllm", request, relay.url), "num_retries": 2}
+        response = litellm.completion(**kwargs)
+        assert response.choices[0].message.content
+        assert len(relay.requests) == 2
+        record = spec_decode_otel.record_from_json(relay.replay(1))
+    assert record is not None
+
+    failed, answer = sorted(await settled_spans(otel, 2), key=lambda s: s.start_time)
+    assert failed.status.status_code is StatusCode.ERROR
+    assert failed.attributes["error.type"] == "_OTHER"
+    assert failed.end_time <= answer.start_time
+    assert answer.status.status_code is StatusCode.UNSET
+    assert spec_decode_attributes(answer.attributes) == expected_span_attributes(record)
+    assert otel.requests_by_outcome() == {"error": 1, "recorded": 1}
+    assert integrations.open_litellm_calls() == 0
+
+
 async def test_calls_of_streams_still_held_are_kept_at_most_max_calls(
     otel: Otel, simulator_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -119,6 +119,9 @@ class _Started:
     sequences: int
     #: The callback that saw it start: it records the call if its stream is dropped.
     callback: SpecDecodeLiteLLMCallback
+    #: What its end needs of LiteLLM's call details (:func:`_kept`: none of the content),
+    #: for an attempt LiteLLM retries without reporting it ended (:meth:`_Calls.start`).
+    kept: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: The process that started it: a forked child's copy is the parent's to end.
     pid: int = dataclasses.field(default_factory=os.getpid)
     #: The generator that sends the request when first read, which LiteLLM logged as
@@ -140,6 +143,8 @@ class _Calls:
     def __init__(self) -> None:
         self._started: OrderedDict[wire.Key, _Started] = OrderedDict()
         self._ended: OrderedDict[wire.Key, None] = OrderedDict()
+        #: The started attempts' keys, by their marks.
+        self._keys: dict[SdkMark, wire.Key] = {}
         self._lock = fork_safe_lock()
 
     def start(self, call_id: wire.Key, make: Any) -> _Started:
@@ -154,10 +159,23 @@ class _Calls:
             started = self._started.get(call_id)
             if started is None:
                 started = self._started[call_id] = make()
+                self._keys[started.mark] = call_id
                 if len(self._started) > MAX_CALLS:
-                    self._started.popitem(last=False)
+                    self._keys.pop(self._started.popitem(last=False)[1].mark, None)
                 set_open_litellm_calls(len(self._started))
             return started
+
+    def retried(self, call_id: wire.Key, before: SdkMark) -> _Started | None:
+        """Ends and returns the attempt whose mark ``before`` is, when it is an earlier
+        attempt of ``call_id``'s call still open: its call started another attempt in
+        the same context (the same thread or task), which LiteLLM does only once an
+        attempt failed. Attempts of one call id made side by side (in other tasks) do not
+        see each other's marks."""
+        with self._lock:
+            key = self._keys.get(before)
+        if key is None or key[0] != call_id[0] or key == call_id:
+            return None
+        return self.end(key)
 
     def get(self, call_id: wire.Key) -> _Started | None:
         with self._lock:
@@ -172,6 +190,8 @@ class _Calls:
             if len(self._ended) > MAX_CALLS:
                 self._ended.popitem(last=False)
             started = self._started.pop(call_id, None)
+            if started is not None:
+                self._keys.pop(started.mark, None)
             set_open_litellm_calls(len(self._started))
             return started
 
@@ -180,6 +200,7 @@ class _Calls:
         with self._lock:
             self._started.clear()
             self._ended.clear()
+            self._keys.clear()
             set_open_litellm_calls(0)
 
 
@@ -287,11 +308,17 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
                 None if body is None else wire.request_kept(body),
                 _requested_sequences(body or {}),
                 self,
+                _kept(kwargs),
             )
 
         # Made here, never where a stream is reclaimed (see the finalizer module).
         finalizer.start()
+        before = current_mark.get()
         mark = _calls.start(call_id, make).mark
+        if before is not None and before is not mark:
+            retried = _calls.retried(call_id, before)
+            if retried is not None:
+                self._retried(retried, wire.attempt_start(kwargs))
         if wire.sent_by_responses_handler(kwargs):
             # Decided now: LiteLLM logs no answer before a Responses stream it reads from
             # the server ends, and SDK requests made meanwhile in this context (the
@@ -377,6 +404,20 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         except Exception:
             report_internal_error("litellm.end")
 
+    def _retried(self, started: _Started, end_time: Any) -> None:
+        """An attempt LiteLLM retried without reporting that it failed: a failed one, ended
+        when the next began. LiteLLM 1.110.2 reports no failure for an attempt that
+        ``num_retries`` retries (``completion_with_retries`` is called from the ``client``
+        wrapper's ``except``, before its failure logging, utils.py; the async wrapper
+        likewise), only for the last one. The openai wrapper ends one that went through
+        the SDK itself."""
+        kept = started.kept
+        operation = OPERATIONS.get(kept.get("call_type"))  # type: ignore[arg-type]
+        if not self._enabled or operation is None or started.mark.went_through_sdk():
+            return
+        start_time = wire.attempt_start(kept)
+        self._record(kept, operation, started, None, start_time, end_time, failed=True)
+
     def _dropped(self, kwargs: Mapping[str, Any], started: _Started, end_time: Any) -> None:
         """A stream the caller dropped before its end, which LiteLLM never reports: ended
         ``not_read_to_end`` when LiteLLM's own handler read it (the mark says so). The
@@ -428,7 +469,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             call.started = time.perf_counter() - elapsed
         if failed:
             error = kwargs.get("exception")
-            call.finish_error(error if isinstance(error, BaseException) else RuntimeError("failed"))
+            call.finish_error(error if isinstance(error, BaseException) else _Unreported())
             return
         if read_to_end and not streaming:
             body = wire.kept_body(kwargs, response)
@@ -467,6 +508,13 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             first_chunk_at=None if first is None else call.started + first,
             read_to_end=read_to_end,
         )
+
+
+class _Unreported(Exception):
+    """A failure LiteLLM did not describe (a retried attempt; a failure event without its
+    exception): ``error.type`` gets OpenTelemetry's fallback value for an unknown error."""
+
+    __qualname__ = "_OTHER"
 
 
 class _EndsAt(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from wrapt 2

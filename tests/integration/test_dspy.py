@@ -457,9 +457,11 @@ async def test_an_error_status_from_the_server_ends_the_span_with_lm15s_error(
         (429, "insufficient_quota", "BillingError"),
     ],
 )
+@pytest.mark.parametrize("padding", [0, 5000])
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_an_error_status_is_typed_by_its_body_as_lm15_types_it(
     mode: str,
+    padding: int,
     status: int,
     code: str,
     lm15_class: str,
@@ -475,11 +477,14 @@ async def test_an_error_status_is_typed_by_its_body_as_lm15_types_it(
     ``OpenAILM.normalize_error`` (``providers/openai.py``), which types the error by its
     code: ``ContextLengthError`` where the status alone says ``InvalidRequestError``,
     ``BillingError`` where it says ``RateLimitError``. The span's ``error.type`` is the
-    class DSPy's error is caused by, not the status's."""
+    class DSPy's error is caused by, not the status's. Also with a message of 5,000
+    characters: the body was cut to 4 KiB before ``normalize_error``, whose ``json.loads``
+    then failed, and the span said the status's class while lm15 raised the code's."""
     relay.shape("vllm", seed_for("lm15-typed", str(status), mode))
+    message = f"refused: {code}" + "." * padding
     relay.error_answer = (
         status,
-        {"error": {"message": f"refused: {code}", "type": "invalid_request_error", "code": code}},
+        {"error": {"message": message, "type": "invalid_request_error", "code": code}},
     )
     otel.instrument()
     lm = plain_lm("openai", relay, num_retries=0)

@@ -71,15 +71,18 @@ from spec_decode_otel.instrumentation.wrapper import (
     send_within_async,
 )
 from spec_decode_otel.integrations._litellm_kwargs import request_kept, url_server
-from spec_decode_otel.sse import decode_json
+from spec_decode_otel.sse import MAX_EVENT_CHARS, decode_json
 
 #: The module whose import brings every class wrapped here (it imports ``base`` and
 #: ``openai_chat``); ``import dspy`` imports it.
 HOOKED_MODULE = "dspy._vendor.lm15.providers.async_base"
 #: The endpoint recorded (``OpenAIChatLM.build_request``'s URL).
 CHAT_PATH = "/chat/completions"
-#: Bytes of an error body handed to lm15's error mapping (it reads the first 500 chars).
-MAX_ERROR_BODY = 4096
+#: Bytes of an error body handed to lm15's error mapping, which decodes it whole (as
+#: lm15 does, to read the envelope's code) and keeps 500 characters of its message: the
+#: largest body the instrumentation reads (``sse.MAX_EVENT_CHARS``). A longer one is cut,
+#: and then typed by its status alone.
+MAX_ERROR_BODY = MAX_EVENT_CHARS
 
 _lock = threading.Lock()
 #: The instrumentation recording lm15's calls, or None.

@@ -205,21 +205,35 @@ class FailsFirst(Relay):
         return super().forward(path, headers, body)
 
 
-async def test_an_answer_litellm_retried_for_has_its_record(otel: Otel, simulator_url: str) -> None:
-    """``await litellm.acompletion(model="hosted_vllm/...", num_retries=2)``: the first
-    request gets a 500, LiteLLM's retry gets the answer, with its stats. The user saw the
-    first attempt's error span and nothing for the answer.
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_an_attempt_litellm_retried_and_the_answer_have_a_span_each(
+    mode: str, otel: Otel, simulator_url: str
+) -> None:
+    """``litellm.completion`` / ``await litellm.acompletion(model="hosted_vllm/...",
+    num_retries=2)``: the first request gets a 500, LiteLLM's retry gets the answer, with
+    its stats. Each attempt gets its span, and none stays open.
 
+    Async, the user saw the first attempt's error span and nothing for the answer:
     LiteLLM 1.110.2 logs the first attempt's failure (``wrapper_async``, utils.py), then
     retries through ``acompletion_with_retries`` (main.py) with ``original_function``,
     the undecorated ``acompletion``: the retry never passes through the wrapper that
     sends the success event, so no callback hears of the answer, then or later. It does
-    log the answer's body (``log_post_api_call``), where the callback now records it."""
+    log the answer's body (``log_post_api_call``), where the callback now records it.
+
+    Sync, the user saw the answer's span only, and the failed attempt stayed open for good
+    (``open_litellm_calls()`` 1 after the call), which kept the openai wrapper noting every
+    SDK stream: the ``client`` wrapper's ``except`` returns ``completion_with_retries``
+    (utils.py) before its failure logging, and the retry starts under the same
+    ``litellm_call_id`` in the same thread. That start now ends the failed attempt, with
+    ``error.type`` ``_OTHER`` (LiteLLM did not say what failed)."""
     otel.instrument()
-    request = request_kwargs("vllm", "chat", False, seed_for("retried"))
+    request = request_kwargs("vllm", "chat", False, seed_for("retried", mode))
     with FailsFirst(simulator_url) as relay:
         kwargs = {**litellm_kwargs("hosted_vllm", request, relay.url), "num_retries": 2}
-        response = await litellm.acompletion(**kwargs)
+        if mode == "sync":
+            response = litellm.completion(**kwargs)
+        else:
+            response = await litellm.acompletion(**kwargs)
         assert response.choices[0].message.content
         assert len(relay.requests) == 2
         record = spec_decode_otel.record_from_json(relay.replay(1))
@@ -227,37 +241,8 @@ async def test_an_answer_litellm_retried_for_has_its_record(otel: Otel, simulato
 
     failed, answer = sorted(await settled_spans(otel, 2), key=lambda s: s.start_time)
     assert failed.status.status_code is StatusCode.ERROR
-    assert answer.status.status_code is StatusCode.UNSET
-    assert spec_decode_attributes(answer.attributes) == expected_span_attributes(record)
-    assert otel.requests_by_outcome() == {"error": 1, "recorded": 1}
-
-
-async def test_a_sync_attempt_litellm_retried_has_its_error_span(
-    otel: Otel, simulator_url: str
-) -> None:
-    """``litellm.completion(model="hosted_vllm/...", num_retries=2)``: the first request
-    gets a 500, the retry the answer. The user saw the answer's span only, and the failed
-    attempt stayed open for good (``open_litellm_calls()`` 1 after the call), which kept
-    the openai wrapper noting every SDK stream.
-
-    LiteLLM 1.110.2 reports no end for it: the ``client`` wrapper's ``except`` returns
-    ``completion_with_retries`` (utils.py) before its failure logging; the retry starts
-    under the same ``litellm_call_id`` in the same thread. That start now ends the failed
-    attempt: an error span, ``error.type`` ``_OTHER`` (LiteLLM did not say what failed),
-    dated from its start to the retry's."""
-    otel.instrument()
-    request = request_kwargs("vllm", "chat", False, seed_for("retried, sync"))
-    with FailsFirst(simulator_url) as relay:
-        kwargs = {**litellm_kwargs("hosted_vllm", request, relay.url), "num_retries": 2}
-        response = litellm.completion(**kwargs)
-        assert response.choices[0].message.content
-        assert len(relay.requests) == 2
-        record = spec_decode_otel.record_from_json(relay.replay(1))
-    assert record is not None
-
-    failed, answer = sorted(await settled_spans(otel, 2), key=lambda s: s.start_time)
-    assert failed.status.status_code is StatusCode.ERROR
-    assert failed.attributes["error.type"] == "_OTHER"
+    said = "_OTHER" if mode == "sync" else "InternalServerError"
+    assert failed.attributes["error.type"] == said
     assert failed.end_time <= answer.start_time
     assert answer.status.status_code is StatusCode.UNSET
     assert spec_decode_attributes(answer.attributes) == expected_span_attributes(record)

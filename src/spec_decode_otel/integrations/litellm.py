@@ -315,16 +315,16 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         finalizer.start()
         before = current_mark.get()
         mark = _calls.start(call_id, make).mark
-        if before is not None and before is not mark:
-            retried = _calls.retried(call_id, before)
-            if retried is not None:
-                self._retried(retried, wire.attempt_start(kwargs))
         if wire.sent_by_responses_handler(kwargs):
             # Decided now: LiteLLM logs no answer before a Responses stream it reads from
             # the server ends, and SDK requests made meanwhile in this context (the
             # reader's) are other calls'.
             mark.decided = True
         current_mark.set(mark)
+        if before is not None and before is not mark:
+            retried = _calls.retried(call_id, before)
+            if retried is not None:
+                self._retried(retried, wire.attempt_start(kwargs))
 
     def _responded(self, kwargs: Mapping[str, Any]) -> None:
         """LiteLLM logged the provider's response: any openai SDK request of this call has
@@ -406,17 +406,19 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
 
     def _retried(self, started: _Started, end_time: Any) -> None:
         """An attempt LiteLLM retried without reporting that it failed: a failed one, ended
-        when the next began. LiteLLM 1.110.2 reports no failure for an attempt that
-        ``num_retries`` retries (``completion_with_retries`` is called from the ``client``
-        wrapper's ``except``, before its failure logging, utils.py; the async wrapper
-        likewise), only for the last one. The openai wrapper ends one that went through
-        the SDK itself."""
-        kept = started.kept
-        operation = OPERATIONS.get(kept.get("call_type"))  # type: ignore[arg-type]
-        if not self._enabled or operation is None or started.mark.went_through_sdk():
-            return
-        start_time = wire.attempt_start(kept)
-        self._record(kept, operation, started, None, start_time, end_time, failed=True)
+        when the next began. LiteLLM 1.110.2 reports no end for the attempt a sync call's
+        ``num_retries`` retries (the ``client`` wrapper's ``except`` returns
+        ``completion_with_retries`` before its failure logging, utils.py). The openai
+        wrapper ends one that went through the SDK itself."""
+        try:
+            kept = started.kept
+            operation = OPERATIONS.get(kept.get("call_type"))  # type: ignore[arg-type]
+            if not self._enabled or operation is None or started.mark.went_through_sdk():
+                return
+            start_time = wire.attempt_start(kept)
+            self._record(kept, operation, started, None, start_time, end_time, failed=True)
+        except Exception:
+            report_internal_error("litellm.retried")
 
     def _dropped(self, kwargs: Mapping[str, Any], started: _Started, end_time: Any) -> None:
         """A stream the caller dropped before its end, which LiteLLM never reports: ended

@@ -4,6 +4,8 @@ and standard output that may refuse it."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class OutputError(Exception):
@@ -26,24 +28,24 @@ def write_out(text: str, *, flush: bool = False) -> None:
     ``BrokenPipeError`` (``main`` stops quietly then); any other failed write, or a
     standard output that was closed when the command started (``>&-``, where ``print``
     would drop the text without a word), raises :class:`OutputError`."""
-    out = sys.stdout
-    if out is None:
+    if sys.stdout is None:
         raise OutputError("standard output is closed")
-    try:
-        print(text, file=out, flush=flush)
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise OutputError(exc.strerror or str(exc)) from exc
+    with _refused():
+        print(text, file=sys.stdout, flush=flush)
 
 
 def flush_out() -> None:
     """Flush standard output, its failures raised as :func:`write_out` raises them."""
-    out = sys.stdout
-    if out is None:
-        return
+    if sys.stdout is not None:
+        with _refused():
+            sys.stdout.flush()
+
+
+@contextmanager
+def _refused() -> Iterator[None]:
+    """A failed write as :class:`OutputError`; a reader that left as it is."""
     try:
-        out.flush()
+        yield
     except BrokenPipeError:
         raise
     except OSError as exc:

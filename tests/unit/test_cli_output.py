@@ -1,6 +1,7 @@
-"""What the commands do when standard output takes nothing: a full disk (``> /dev/full``)
-or a descriptor closed before the command started (``>&-``). As ``cat`` does: one line on
-stderr naming the failure and exit status 1. Before, ``parse > /dev/full`` ended with an
+"""What the commands do when standard output takes nothing: a reader that left (``| head``),
+stopped quietly; a full disk (``> /dev/full``) or a descriptor closed before the command
+started (``>&-``), as ``cat`` does: one line on stderr naming the failure and exit status
+1. Before, ``parse > /dev/full`` ended with an
 ``OSError`` traceback and ``parse >&-`` with an ``AttributeError`` one (``sys.stdout`` is
 None there, and ``print`` drops text without a word, so only the final flush failed).
 The commands run as users run them, a subprocess of ``python -m spec_decode_otel``."""
@@ -60,6 +61,21 @@ def test_a_closed_stdout_is_one_line_on_stderr_and_exit_1(command: str, tmp_path
     assert done.stderr == (
         f"spec-decode-otel {command}: cannot write the output: standard output is closed\n"
     )
+
+
+@pytest.mark.parametrize("command", ["parse", "summarize"])
+def test_a_reader_that_leaves_early_gets_no_traceback(command: str, tmp_path: Path) -> None:
+    """``spec-decode-otel parse F | head -1``: when the reader closes the pipe, the
+    command stops quietly with status 1 (Python's advice for SIGPIPE), not with a
+    BrokenPipeError traceback on the user's terminal."""
+    reader_gone, child_end = os.pipe()
+    os.close(reader_gone)  # the reader left before the first byte
+    try:
+        done = _run(_argv(command, tmp_path), child_end)
+    finally:
+        os.close(child_end)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
 
 
 def test_the_output_still_reaches_a_working_stdout(tmp_path: Path) -> None:

@@ -570,6 +570,47 @@ def test_request_engine_stats_adds_the_sglang_field_without_overriding(
     assert otel.only_span().attributes["spec_decode.engine"] == "sglang"
 
 
+@pytest.mark.parametrize("api", ["chat", "completions"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_the_sglang_stats_chunk_asked_for_the_user_is_invisible_to_them(
+    mode: str, api: str, otel: Otel, wire: Any, async_wire: Any
+) -> None:
+    """SGLang streams its stats in a chunk of their own, with no choices and no usage,
+    after the finish chunks and before any usage chunk (sglang 0.5.23's wheel:
+    ``srt/entrypoints/openai/serving_chat.py`` and ``serving_completions.py``; the
+    simulator sends it so). When ``request_engine_stats`` asked for the stats, the user did
+    not: that chunk is hidden as the injected usage chunk is, so a loop reading
+    ``chunk.choices[0]`` keeps working, and the record still comes from it. A usage chunk
+    the user asked for stays theirs; a stats field they asked for themselves shows."""
+    client, log = wire if mode == "sync" else async_wire
+
+    async def read(kwargs: dict[str, Any]) -> list[Any]:
+        if mode == "sync":
+            return call_sync(client, api, kwargs)
+        return await call_async(client, api, kwargs)
+
+    plain = request_kwargs("sglang", api, True, 112)
+    del plain["extra_body"]
+    with_usage = {**plain, "stream_options": {"include_usage": True}}
+    bare, bare_with_usage = await read(plain), await read(with_usage)
+    asked = await read({**plain, "extra_body": {"return_spec_tokens_details": True}})
+    assert [c for c in asked if not c.choices and c.usage is None]  # the stats chunk exists
+
+    otel.instrument(request_engine_stats=("sglang",))
+    ours = await read(plain)
+    assert log.last[1]["return_spec_tokens_details"] is True
+    assert all(c.choices for c in ours)
+    assert dumps_without_volatile(ours) == dumps_without_volatile(bare)
+    attrs = otel.only_span().attributes
+    assert attrs["spec_decode.engine"] == "sglang" and attrs["spec_decode.num_spec_steps"] > 0
+
+    otel.clear()
+    ours_with_usage = await read(with_usage)
+    assert dumps_without_volatile(ours_with_usage) == dumps_without_volatile(bare_with_usage)
+    assert ours_with_usage[-1].usage is not None  # the user's own usage chunk is kept
+    assert otel.only_span().attributes["spec_decode.engine"] == "sglang"
+
+
 def test_one_span_per_logical_call_across_retries(otel: Otel, simulator_url: str) -> None:
     log = WireLog()
     client = openai.OpenAI(

@@ -25,8 +25,10 @@ from spec_decode_otel._logging import rate_limited, report_internal_error
 from spec_decode_otel.instrumentation import finalizer
 from spec_decode_otel.instrumentation.call import Call
 from spec_decode_otel.instrumentation.streams import (
+    NOTHING_INJECTED,
     AsyncStreamProxy,
     CopiedLikeTheSdk,
+    Injected,
     StreamObserver,
     SyncStreamProxy,
 )
@@ -40,7 +42,7 @@ from spec_decode_otel.sse import (
 )
 
 
-def wrap_result(call: Call, result: Any, hide_usage: bool) -> Any:
+def wrap_result(call: Call, result: Any, injected: Injected) -> Any:
     """The SDK's return value, as the user gets it. Never raises."""
     from openai import BaseModel
     from openai._legacy_response import LegacyAPIResponse
@@ -48,33 +50,33 @@ def wrap_result(call: Call, result: Any, hide_usage: bool) -> Any:
 
     try:
         if isinstance(result, BaseModel):  # the usual non-streaming result
-            return wrap_parsed(call, result, hide_usage)
+            return wrap_parsed(call, result, injected)
         if isinstance(result, LegacyAPIResponse):
             if not getattr(result, "_stream", False):
                 # with_raw_response: the body is already read; decode our own copy so the
                 # user's later .parse() is untouched.
                 call.finish_dict(_json_body(result.http_response.content))
                 return result
-            return SyncRawResponseProxy(result, call, hide_usage)
+            return SyncRawResponseProxy(result, call, injected)
         if isinstance(result, AsyncAPIResponse):
-            return AsyncRawResponseProxy(result, call, hide_usage)
+            return AsyncRawResponseProxy(result, call, injected)
         if isinstance(result, BaseAPIResponse):
-            return SyncStreamedResponseProxy(result, call, hide_usage)
-        return wrap_parsed(call, result, hide_usage)
+            return SyncStreamedResponseProxy(result, call, injected)
+        return wrap_parsed(call, result, injected)
     except Exception:
         report_internal_error("wrap_result")
         call.finish_empty()
         return result
 
 
-def wrap_parsed(call: Call, parsed: Any, hide_usage: bool) -> Any:
+def wrap_parsed(call: Call, parsed: Any, injected: Injected) -> Any:
     """A parsed body: proxy a stream, or end the call with the object."""
     from openai import AsyncStream, Stream
 
     if isinstance(parsed, Stream):
-        return SyncStreamProxy(parsed, call, hide_usage)
+        return SyncStreamProxy(parsed, call, injected)
     if isinstance(parsed, AsyncStream):
-        return AsyncStreamProxy(parsed, call, hide_usage)
+        return AsyncStreamProxy(parsed, call, injected)
     if hasattr(parsed, "choices") or hasattr(parsed, "output"):  # output: a Responses API body
         call.finish_object(parsed)
     elif isinstance(parsed, Mapping):  # client.post(..., cast_to=object or dict)
@@ -102,8 +104,8 @@ class RawBody:
         self.call = call
         self.response = response
         self.streamed = bool(getattr(response, "_is_sse_stream", call.plan.streaming))
-        #: The usage chunk is never hidden from a raw reader: it reads the server's bytes.
-        self.observer = StreamObserver(call, hide_usage_chunk=False)
+        #: No chunk is hidden from a raw reader: it reads the server's bytes.
+        self.observer = StreamObserver(call, NOTHING_INJECTED)
         self.splitter = SseSplitter()
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.body: list[str] = []
@@ -275,12 +277,12 @@ class _RawResponseProxy(CopiedLikeTheSdk):
         self,
         wrapped: Any,
         call: Call,
-        hide_usage: bool,
+        injected: Injected,
         origin: _RawResponseProxy | None = None,
     ) -> None:
         super().__init__(wrapped)
         self._self_call = call
-        self._self_hide_usage = hide_usage
+        self._self_injected = injected
         self._self_state: _BodyState = origin._self_state if origin is not None else _BodyState()
         #: A copy's: the proxy first made, kept alive by its copies, so that its reclaim,
         #: which ends the call, comes after theirs (which end nothing).
@@ -288,9 +290,7 @@ class _RawResponseProxy(CopiedLikeTheSdk):
         finalizer.start()
 
     def _twin(self, wrapped: Any) -> Any:
-        return type(self)(
-            wrapped, self._self_call, self._self_hide_usage, self._self_origin or self
-        )
+        return type(self)(wrapped, self._self_call, self._self_injected, self._self_origin or self)
 
     def _observe_parsed(self, parsed: Any) -> Any:
         state = self._self_state
@@ -309,7 +309,7 @@ class _RawResponseProxy(CopiedLikeTheSdk):
                     result = earlier._twin(parsed)
                     state.parsed = (parsed, result)
                     return result
-            result = wrap_parsed(self._self_call, parsed, self._self_hide_usage)
+            result = wrap_parsed(self._self_call, parsed, self._self_injected)
             state.parsed = (parsed, result)
             return result
         except Exception:

@@ -37,7 +37,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 import wrapt
 
@@ -56,13 +56,30 @@ RESPONSES_TERMINAL_EVENTS = frozenset(
 )
 
 
+class Injected(NamedTuple):
+    """What our opt-in amendments added to a streaming request. The server then sends
+    chunks the user never asked for, with no choices: hidden from their code."""
+
+    #: ``stream_options.include_usage``: the usage chunk.
+    usage: bool = False
+    #: An engine's stats switch (SGLang's ``return_spec_tokens_details``): a chunk with
+    #: neither choices nor usage, there for the stats alone (SGLang's ``sglext`` chunk).
+    engine_fields: bool = False
+
+    def hides(self, usage: Any) -> bool:
+        """Whether a chunk without choices, with this ``usage``, is ours to hide."""
+        return self.usage if usage is not None else self.engine_fields
+
+
+NOTHING_INJECTED = Injected()
+
+
 class StreamObserver:
     """What a stream proxy learns from the chunks it passes on."""
 
-    def __init__(self, call: Call, hide_usage_chunk: bool) -> None:
+    def __init__(self, call: Call, injected: Injected) -> None:
         self.call = call
-        #: We injected ``include_usage``: the usage chunk is ours, the user never asked.
-        self.hide_usage_chunk = hide_usage_chunk
+        self.injected = injected
         self.kept: deque[Any] = deque(maxlen=KEEP_CHUNKS)
         self.finish_reasons: list[str] = []
         self.first_at: float | None = None
@@ -108,7 +125,7 @@ class StreamObserver:
                     keep = True
             if keep:
                 self.kept.append(chunk)
-                return not (self.hide_usage_chunk and not choices and chunk.usage is not None)
+                return bool(choices) or not self.injected.hides(chunk.usage)
         except Exception:
             report_internal_error("stream.observe")
         return True
@@ -156,7 +173,7 @@ class StreamObserver:
             self.observe_payload(chunk)
             choices = chunk.get("choices")
             usage = chunk.get("usage")
-            return not (self.hide_usage_chunk and choices == [] and usage is not None)
+            return choices != [] or not self.injected.hides(usage)
         if self.first_at is None:
             self._first(getattr(chunk, "model", None), getattr(chunk, "id", None))
         response = getattr(chunk, "response", None)
@@ -331,12 +348,12 @@ class _StreamProxyBase(CopiedLikeTheSdk):
         self,
         wrapped: Any,
         call: Call,
-        hide_usage_chunk: bool = False,
+        injected: Injected = NOTHING_INJECTED,
         origin: _StreamProxyBase | None = None,
     ) -> None:
         super().__init__(wrapped)
         self._self_observer: StreamObserver = (
-            origin._self_observer if origin is not None else StreamObserver(call, hide_usage_chunk)
+            origin._self_observer if origin is not None else StreamObserver(call, injected)
         )
         #: A copy's: the proxy first made, kept alive by its copies, so that its reclaim,
         #: which ends the call, comes after theirs (which end nothing).

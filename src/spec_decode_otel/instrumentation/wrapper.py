@@ -38,6 +38,7 @@ from spec_decode_otel.instrumentation.genai_metrics import GenAiMetrics
 from spec_decode_otel.instrumentation.hints import hints
 from spec_decode_otel.instrumentation.responses import wrap_result
 from spec_decode_otel.instrumentation.settings import Settings
+from spec_decode_otel.instrumentation.streams import NOTHING_INJECTED, Injected
 from spec_decode_otel.record import MAX_COUNT
 from spec_decode_otel.telemetry import (
     GEN_AI_OPERATION_NAME,
@@ -113,12 +114,12 @@ class Instrumentation:
 
     def _start(
         self, client: Any, options: Any, operation: str, body: Mapping[str, Any]
-    ) -> tuple[Call, Any, bool]:
+    ) -> tuple[Call, Any, Injected]:
         streaming = body.get("stream") is True
         if options.url in _AMENDABLE:
-            options, injected_usage = self._amend(options, body, streaming)
+            options, injected = self._amend(options, body, streaming)
         else:
-            injected_usage = False
+            injected = NOTHING_INJECTED
         stream_options = body.get("stream_options")
         asked_usage = isinstance(stream_options, Mapping) and stream_options.get("include_usage")
         # A Responses stream always ends with its usage (``response.completed``): it has
@@ -133,12 +134,12 @@ class Instrumentation:
             requested_sequences=_requested_sequences(body),
             request=_sent_body(options) or body,
             streaming=streaming,
-            include_usage=injected_usage or asked_usage is True or responses_api,
+            include_usage=injected.usage or asked_usage is True or responses_api,
             genai_metrics_recorded=self.genai_metrics is not None and recording_wrapper_on_stack(),
         )
         if self.settings.inject_traceparent:
             options = _inject_trace_context(options, plan.span)
-        return Call(plan), options, injected_usage
+        return Call(plan), options, injected
 
     def plan(
         self,
@@ -247,9 +248,12 @@ class Instrumentation:
             metrics_unset=global_meter and _api_stand_in(metrics.get_meter_provider()),
         )
 
-    def _amend(self, options: Any, body: Mapping[str, Any], streaming: bool) -> tuple[Any, bool]:
+    def _amend(
+        self, options: Any, body: Mapping[str, Any], streaming: bool
+    ) -> tuple[Any, Injected]:
         """Opt-in request changes, on a copy: the user's own objects are never mutated."""
         additions = {k: v for k, v in self._request_fields.items() if k not in body}
+        engine_fields = bool(additions)
         injected_usage = False
         if streaming and self.settings.inject_include_usage:
             stream_options = body.get("stream_options")
@@ -263,7 +267,7 @@ class Instrumentation:
                 additions["stream_options"] = {**(stream_options or {}), "include_usage": True}
                 injected_usage = True
         if not additions:
-            return options, False
+            return options, NOTHING_INJECTED
         options = options.model_copy()
         options.json_data = {**options.json_data, **additions}
         extra = getattr(options, "extra_json", None)
@@ -271,7 +275,7 @@ class Instrumentation:
             # The user's extra_body is merged over the body when the SDK sends it: an
             # addition to a key it holds goes there too, or it would be overridden.
             options.extra_json = {**extra, **{k: v for k, v in additions.items() if k in extra}}
-        return options, injected_usage
+        return options, Injected(usage=injected_usage, engine_fields=engine_fields)
 
     # -- the wrappers ------------------------------------------------------------
 
@@ -281,8 +285,8 @@ class Instrumentation:
         started = self._begin(instance, args, kwargs)
         if started is None:
             return wrapped(*args, **kwargs)
-        call, args, kwargs, hide_usage = started
-        return wrap_result(call, send_within(call, wrapped, args, kwargs), hide_usage)
+        call, args, kwargs, injected = started
+        return wrap_result(call, send_within(call, wrapped, args, kwargs), injected)
 
     async def async_request(
         self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: Any
@@ -290,18 +294,17 @@ class Instrumentation:
         started = self._begin(instance, args, kwargs)
         if started is None:
             return await wrapped(*args, **kwargs)
-        call, args, kwargs, hide_usage = started
+        call, args, kwargs, injected = started
         result = await send_within_async(call, wrapped, args, kwargs)
-        return wrap_result(call, result, hide_usage)
+        return wrap_result(call, result, injected)
 
     def _begin(
         self, client: Any, args: tuple[Any, ...], kwargs: Any
-    ) -> tuple[Call, tuple[Any, ...], Any, bool] | None:
+    ) -> tuple[Call, tuple[Any, ...], Any, Injected] | None:
         """Start a call from ``request(cast_to, options, ...)``'s arguments: the Call, the
-        arguments to send (the options amended on a copy), and whether we injected
-        ``include_usage``. None for other endpoints, and inside
-        ``suppress_instrumentation()`` (every OpenTelemetry instrumentation's off switch
-        for a block of code). Never raises."""
+        arguments to send (the options amended on a copy), and what our amendments added.
+        None for other endpoints, and inside ``suppress_instrumentation()`` (every
+        OpenTelemetry instrumentation's off switch for a block of code). Never raises."""
         try:
             options = args[1] if len(args) > 1 else kwargs.get("options")
             if (
@@ -314,7 +317,7 @@ class Instrumentation:
             body = _sent_body(options)
             if operation is None or body is None:
                 return None
-            call, new_options, injected_usage = self._start(client, options, operation, body)
+            call, new_options, injected = self._start(client, options, operation, body)
         except Exception:
             report_internal_error("start")
             return None
@@ -322,7 +325,7 @@ class Instrumentation:
             args = (args[0], new_options, *args[2:])
         else:
             kwargs = {**kwargs, "options": new_options}
-        return call, args, kwargs, injected_usage
+        return call, args, kwargs, injected
 
 
 def _sent_body(options: Any) -> Mapping[str, Any] | None:

@@ -63,7 +63,7 @@ from spec_decode_otel._logging import report_internal_error
 from spec_decode_otel.instrumentation import finalizer
 from spec_decode_otel.instrumentation.call import Call
 from spec_decode_otel.instrumentation.patches import Patches
-from spec_decode_otel.instrumentation.streams import StreamObserver
+from spec_decode_otel.instrumentation.streams import NOTHING_INJECTED, StreamObserver
 from spec_decode_otel.instrumentation.wrapper import (
     Instrumentation,
     _requested_sequences,
@@ -373,7 +373,7 @@ class _EventsBase(wrapt.ObjectProxy):  # type: ignore[type-arg]  # generic from 
         if pending is not None and _active is instrumentation:
             call = pending.start(instrumentation, streaming=True)
             if call is not None:
-                self._self_observer = StreamObserver(call, False)
+                self._self_observer = StreamObserver(call, NOTHING_INJECTED)
         return self._self_observer
 
     def _self_event(self, observer: StreamObserver, event: Any) -> None:

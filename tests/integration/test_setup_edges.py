@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from check_command import run_check
-from otlp_values import clean_env, receiving_otlp
+from otlp_values import clean_env, otlp_attributes, receiving_otlp
 
 
 async def run_exporting(script: str, **env: str) -> tuple[list[Any], list[Any], str]:
@@ -420,6 +420,39 @@ async def test_a_multiprocessing_childs_calls_are_exported(
     spans, metrics, _ = await run_exporting(str(app), SIMULATOR_URL=simulator_url)
     assert [s.name for s in spans] == ["chat spec-sim"]
     assert "spec_decode.acceptance_length" in {m.name for m in metrics}
+
+
+HELD_STREAM_APP = """
+import os, openai, spec_decode_otel
+spec_decode_otel.setup("held-stream-app")
+client = openai.OpenAI(base_url=os.environ["SIMULATOR_URL"], api_key="sk-test", max_retries=0)
+messages = [{"role": "user", "content": "hi"}]
+client.chat.completions.create(model="spec-sim", messages=messages)
+stream = client.chat.completions.create(model="spec-sim", messages=messages, stream=True)
+for chunk in stream:
+    break  # read no further; `stream` stays referenced until the interpreter exits
+"""
+
+
+async def test_a_stream_still_held_at_exit_is_exported_as_not_read_to_end(
+    simulator_url: str,
+) -> None:
+    """A script that stops reading a stream kept in a module-level variable: the
+    collector reclaims it only at module teardown, after the providers' exit handlers
+    have stopped exporting, so its call had no span and was not counted. It is ended at
+    exit, before they flush."""
+    spans, metrics, _ = await run_exporting(HELD_STREAM_APP, SIMULATOR_URL=simulator_url)
+    outcomes = sorted(
+        (a["spec_decode.outcome"], a.get("spec_decode.read_to_end"))
+        for a in map(otlp_attributes, spans)
+    )
+    assert outcomes == [("not_read_to_end", False), ("recorded", None)]
+    # cumulative: the last export (exit flushes, then shuts down) holds every count
+    requests = [m for m in metrics if m.name == "spec_decode.requests"][-1]
+    counts = {
+        otlp_attributes(p)["spec_decode.outcome"]: p.as_int for p in requests.sum.data_points
+    }
+    assert counts == {"recorded": 1, "not_read_to_end": 1}
 
 
 @pytest.mark.parametrize(

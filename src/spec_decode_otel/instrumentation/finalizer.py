@@ -9,6 +9,10 @@ lock. So ``__del__`` only queues the end on a ``queue.SimpleQueue``, whose ``put
 standard library documents as safe in ``__del__`` methods and weakref callbacks, and one
 daemon thread ends the queued calls, holding nothing.
 
+At exit, the streams still referenced (a module-level variable, a stream kept in a
+long-lived object) are ended before the providers flush: the collector would reclaim
+them only after the providers' own exit handlers had stopped exporting.
+
 The queue and its thread are made together, when the first proxy is made, from the
 ``queue`` and ``threading`` modules as they are then. An application that monkey-patches
 them later than it imports this package (gevent under ``opentelemetry-instrument``, or a
@@ -18,10 +22,13 @@ the C queue made at import would block the only OS thread, and the whole process
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
+from typing import Protocol
 
 from spec_decode_otel._logging import report_internal_error
 
@@ -32,6 +39,22 @@ MAX_PENDING = 10_000
 _pending: queue.SimpleQueue[Callable[[], None]] | None = None
 _worker: threading.Thread | None = None
 _lock = threading.Lock()
+_exit_hook = False
+
+
+class Watched(Protocol):
+    """What ends a stream's call when the process exits with the stream still held."""
+
+    def on_exit(self) -> None: ...
+
+
+#: The stream observers alive in this process (whose calls may still be open at exit).
+_watched: weakref.WeakSet[Watched] = weakref.WeakSet()
+
+
+def watch(observer: Watched) -> None:
+    """End ``observer``'s call at exit if it is still open then."""
+    _watched.add(observer)
 
 
 def start() -> None:
@@ -42,12 +65,17 @@ def start() -> None:
     waits on the hub, which runs other greenlets, and one of them here would wait for
     a lock held across that switch, blocking the only OS thread.
     """
-    global _pending, _worker
+    global _pending, _worker, _exit_hook
     if _worker is not None:
         return
     with _lock:
         if _worker is not None:
             return
+        if not _exit_hook:
+            # Registered at the first stream, after the providers' exit handlers (made
+            # before any call), so it runs before them: atexit runs the last one first.
+            atexit.register(_end_open_at_exit)
+            _exit_hook = True
         _pending = queue.SimpleQueue()
         worker = _worker = threading.Thread(
             target=_run, args=(_pending,), name="spec-decode-otel-finalizer", daemon=True
@@ -80,6 +108,31 @@ def defer(end: Callable[[], None]) -> None:
         pending.put(end)
 
 
+def _end_open_at_exit() -> None:
+    """The ends still queued, then the calls of streams still held, ended here and now:
+    the daemon thread may not get to them before the providers stop."""
+    pending = _pending
+    while pending is not None:
+        try:
+            end = pending.get_nowait()
+        except queue.Empty:
+            break
+        _end(end)
+    try:
+        observers = list(_watched)
+    except RuntimeError:  # another (daemon) thread made a stream meanwhile
+        observers = []
+    for observer in observers:
+        _end(observer.on_exit)
+
+
+def _end(end: Callable[[], None]) -> None:
+    try:
+        end()
+    except BaseException:  # see _run: nothing here may stop the thread
+        report_internal_error("finalizer")
+
+
 def _run(pending: queue.SimpleQueue[Callable[[], None]]) -> None:
     """End the queued calls, for as long as the process runs.
 
@@ -91,8 +144,4 @@ def _run(pending: queue.SimpleQueue[Callable[[], None]]) -> None:
     The interpreter's exit stops this daemon thread without raising in it.
     """
     while True:
-        end = pending.get()
-        try:
-            end()
-        except BaseException:  # see above: nothing here may stop the thread
-            report_internal_error("finalizer")
+        _end(pending.get())

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import sys
 import time
 from collections import deque
@@ -87,6 +88,7 @@ class StreamObserver:
         self.multi = False
         #: A stop arrived from inside one of our reads: that read's end ends the call.
         self._stop_pending = False
+        finalizer.watch(self)
 
     def read_returned(self, chunk: Any) -> bool:
         """One of our reads returned ``chunk``: noted, and True when the user gets it. A
@@ -233,6 +235,12 @@ class StreamObserver:
             self._stop_pending = True
             return
         self._finish(read_to_end=False)
+
+    def on_exit(self) -> None:
+        """The process is exiting with the stream still held: stopped there, unless its
+        call ended before or is a forked parent's."""
+        if self.call.pid == os.getpid():
+            self._finish(read_to_end=False)
 
     def _finish(self, *, read_to_end: bool, error: BaseException | None = None) -> None:
         if self.call.done:

@@ -184,6 +184,26 @@ def test_dashboard_overview_equals_records(
         assert got is not None and math.isclose(got, want, rel_tol=1e-9), (title, got, want)
 
 
+def test_overview_pools_applications_of_both_kinds(
+    runs: dict[str, Workload], prom: httpx.Client
+) -> None:
+    """All three runs selected at once: one application's classic buckets beside two
+    applications' native histograms. The mean acceptance length pools all their
+    requests: its classic-or-native choice is made series by series, before the sum. It
+    was made after the sum, and the classic side, once it had any series, hid every
+    native one (the classic run's mean alone)."""
+    values = all_selected(service="|".join(run.service for run in runs.values()))
+    (expr,) = [
+        substitute(as_totals(target["expr"]), values)
+        for panel, target in _panels_outside_the_servers_row()
+        if panel["title"] == "Mean acceptance length per request" and panel["type"] == "stat"
+    ]
+    means = Expected([r for run in runs.values() for r in run.records]).mal
+    assert len(means) == sum(len(run.records) for run in runs.values())
+    got = prom_scalar(prom, expr)
+    assert got is not None and math.isclose(got, sum(means) / len(means), rel_tol=1e-9)
+
+
 @pytest.mark.parametrize("way", ["push-exponential", "scrape-exponential"])
 def test_native_median_matches_the_records(
     runs: dict[str, Workload], prom: httpx.Client, way: str

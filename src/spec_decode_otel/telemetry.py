@@ -90,6 +90,16 @@ MAX_VALUES_PER_ATTRIBUTE = 100
 #: Histogram buckets / draft positions past this are folded into the overflow series.
 MAX_DRAFT_POSITIONS = 64
 OVERFLOW_VALUE = "_OTHER"
+#: Distinct attribute sets of a histogram of ours (its series), and of a counter (its
+#: series times the accepted counts, positions or outcomes). Each attribute is bounded on
+#: its own, but the values a server chooses multiply: response models times k times
+#: positions went past the SDK's own limit (2,000 per metric by default), whose overflow
+#: series then took every later series, a well-behaved server's too. Past these, a new
+#: combination has the server's values folded into ``OVERFLOW_VALUE`` and keeps the rest.
+MAX_SERIES = 500
+MAX_POINTS = 1500
+#: The metric attributes whose values the server chooses.
+SERVER_CHOSEN = frozenset({GEN_AI_RESPONSE_MODEL, SD_NUM_SPEC_TOKENS, SD_ACCEPTED, SD_POSITION})
 
 
 def record_attributes(
@@ -143,6 +153,8 @@ class _Totals:
 
     def add(self, key: AttributeKey, value: int) -> None:
         with self._lock:
+            if key not in self._sums and len(self._sums) >= MAX_POINTS:
+                key = tuple((k, OVERFLOW_VALUE if k in SERVER_CHOSEN else v) for k, v in key)
             self._sums[key] = min(self._sums.get(key, 0) + value, MAX_COUNT)
 
     def observe(self, _options: CallbackOptions) -> Iterable[Observation]:
@@ -201,6 +213,8 @@ class SpecDecodeInstruments:
             )
         #: Per metric attribute, the first values seen; later ones map to the overflow.
         self._seen: dict[str, set[Any]] = {}
+        #: The first ``MAX_SERIES`` series seen (as keys).
+        self._series: set[AttributeKey] = set()
         self._bounded_lock = fork_safe_lock()
 
     def bound(self, key: str, value: Any) -> Any:
@@ -215,13 +229,19 @@ class SpecDecodeInstruments:
     def series(
         self, attrs: Mapping[str, Any], record: SpecDecodeAcceptanceRecord | None
     ) -> dict[str, Any]:
-        """A call's metric attributes plus the record's engine and k (bounded)."""
+        """A call's metric attributes plus the record's engine and k (bounded), with the
+        server's values folded past ``MAX_SERIES``."""
         series = dict(attrs)
         if record is not None:
             series[SD_ENGINE] = self.bound(SD_ENGINE, record.engine)
             if record.num_spec_tokens is not None:
                 series[SD_NUM_SPEC_TOKENS] = self.bound(SD_NUM_SPEC_TOKENS, record.num_spec_tokens)
-        return series
+        key = _key(series)
+        with self._bounded_lock:
+            if key in self._series or len(self._series) < MAX_SERIES:
+                self._series.add(key)
+                return series
+        return {k: OVERFLOW_VALUE if k in SERVER_CHOSEN else v for k, v in series.items()}
 
     def record(
         self,

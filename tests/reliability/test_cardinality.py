@@ -5,9 +5,9 @@ that answers each request with a new model name, a new k and a new tenant (allow
 user attribute) — 10,000 of each. Every metric attribute keeps at most
 ``MAX_VALUES_PER_ATTRIBUTE`` (100) distinct values plus the overflow value ``_OTHER``;
 the accepted-count and draft-position attributes at most ``MAX_DRAFT_POSITIONS`` (64) plus
-``_OTHER``; so the number of attribute sets per metric stays under the product of those
-bounds, far below the SDK's own cardinality limit (never hit: no
-``otel.metric.overflow`` series).
+``_OTHER``; and the values the server chooses in combination fold past ``MAX_SERIES``
+(a histogram's attribute sets) and ``MAX_POINTS`` (a counter's), so the SDK's own
+cardinality limit is never hit (no ``otel.metric.overflow`` series).
 
 ``SPEC_DECODE_OTEL_CARDINALITY_CALLS`` sizes the run (default 10,000).
 """
@@ -36,8 +36,11 @@ from spec_decode_otel.telemetry import (
     M_ACCEPTED_DRAFT_TOKENS,
     M_DRAFT_ACCEPTANCE_RATE,
     M_DRAFT_TOKENS,
+    M_REQUESTS,
     M_VERIFY_STEPS,
     MAX_DRAFT_POSITIONS,
+    MAX_POINTS,
+    MAX_SERIES,
     MAX_VALUES_PER_ATTRIBUTE,
     OVERFLOW_VALUE,
     SD_ACCEPTED,
@@ -84,8 +87,9 @@ def premerge_body(model: str, k: int, accepted_per_step: list[int]) -> dict[str,
 
 
 def inventive_server(request: httpx2.Request) -> httpx2.Response:
-    """Echoes the request's model as the response model; k from a header."""
-    model = json.loads(request.content)["model"]
+    """Echoes the request's model as the response model (unless ``x-model`` names
+    another); k from a header."""
+    model = request.headers.get("x-model") or json.loads(request.content)["model"]
     k = int(request.headers["x-k"])
     steps = [int(x) for x in request.headers["x-steps"].split(",")]
     return httpx2.Response(200, json=premerge_body(model, k, steps))
@@ -174,4 +178,50 @@ def test_accepted_counts_and_positions_past_the_limit_fold_into_overflow() -> No
     assert set(pos_values[SD_POSITION]) - {OVERFLOW_VALUE} == set(range(MAX_DRAFT_POSITIONS))
     # Folded, not dropped: every step of each request is still counted.
     assert otel.counter_total(M_VERIFY_STEPS) == 3 * len(long_steps.split(","))
+    otel.shutdown()
+
+
+def test_combinations_a_server_chooses_stay_under_the_sdk_limit() -> None:
+    """One server choosing the response model and k in every combination (40 x 20), with
+    verify steps accepting every count up to k: each attribute stays under its own bound,
+    but their product went past the SDK's limit (2,000 attribute sets per metric), whose
+    ``otel.metric.overflow`` series then took every later series, this test's well-behaved
+    call's too (found by a helper with 100 ks of one model: 2,001 sets). Past
+    ``MAX_SERIES`` / ``MAX_POINTS`` the server's values fold into ``_OTHER`` and the
+    caller's stay: the later call is still counted under its own request model."""
+    otel = Otel(keep_spans=False)
+    client = mock_client(inventive_server)
+    steps_sent = 0
+    try:
+        with instrumented(otel):
+            for k in range(1, 21):
+                for model in range(40):
+                    steps = ",".join(str(j) for j in range(k + 1))
+                    steps_sent += k + 1
+                    client.chat.completions.create(
+                        model="m",
+                        messages=canary_messages(),
+                        extra_headers={"x-model": f"resp-{model}", "x-k": str(k), "x-steps": steps},
+                    )
+            client.chat.completions.create(
+                model="legit",
+                messages=canary_messages(),
+                extra_headers={"x-k": "4", "x-steps": "0,1,2,3,4"},
+            )
+            steps_sent += 5
+    finally:
+        client.close()
+    census = attribute_census(otel)
+    for name, (sets, values) in census.items():
+        if name in (M_OPERATION_DURATION, M_TOKEN_USAGE):  # not on (genai_metrics off)
+            continue
+        assert "otel.metric.overflow" not in values, name
+        assert "legit" in values[GEN_AI_REQUEST_MODEL], name
+        assert sets <= MAX_POINTS + 2 * POSITIONS, (name, sets)
+    assert census[M_ACCEPTANCE_LENGTH][0] <= MAX_SERIES + 2
+    requests = otel.points(M_REQUESTS)
+    assert "otel.metric.overflow" not in {k for p in requests for k in p.attributes}
+    # Folded, not dropped: every request and every verify step is still counted.
+    assert otel.histogram_count(M_ACCEPTANCE_LENGTH) == 40 * 20 + 1
+    assert otel.counter_total(M_VERIFY_STEPS) == steps_sent
     otel.shutdown()

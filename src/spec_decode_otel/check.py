@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 from spec_decode_otel import telemetry as names
 from spec_decode_otel._logging import logger
 from spec_decode_otel._terminal import printable, write_out
-from spec_decode_otel.instrumentation.hints import TURN_STATS_ON
+from spec_decode_otel.instrumentation.hints import INCLUDE_USAGE, TURN_STATS_ON
 from spec_decode_otel.outcome import Outcome
 from spec_decode_otel.sse import decode_json
 
@@ -73,6 +73,26 @@ NOT_CHAT = (
     "URL (it usually ends in /v1), and whether a proxy or a login page answers in front "
     "of the server."
 )
+#: What is said when no call had a record and some had stats the adapters rejected.
+REJECTED = (
+    "Spec-decode stats arrived but were rejected as invalid (see the lines above): the "
+    "server, or a gateway in front of it, sends numbers that contradict each other or "
+    "exceed a bound. Check that the server's version is one README's 'Supported engines' "
+    "lists; spec-decode-otel parse on a saved response says which rule they broke."
+)
+#: Said when no call had a record and two adapters claimed an answer.
+AMBIGUOUS = (
+    "Two adapters claimed the answers (outcome ambiguous): uninstall or fix the plug-in "
+    "adapter that claims another engine's fields."
+)
+#: Said when the plain call had stats and no stream had, not even with include_usage.
+STREAMS_STRIPPED = (
+    "the non-streaming call had spec-decode stats but no stream had, even with "
+    "stream_options.include_usage: something in front of the engine (a gateway or "
+    "proxy) drops them from streams (README: Through a gateway)"
+)
+#: Longest reply (--max-tokens) under which a reply with nothing drafted may just be short.
+SHORT_REPLY = 16
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,7 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "request_engine_stats setting does (sglang; repeatable)",
     )
     parser.add_argument(
-        "--max-tokens", type=int, default=64, help="tokens per request (default 64)"
+        "--max-tokens", type=_max_tokens, default=64, help="tokens per request (default 64)"
     )
     parser.add_argument(
         "--timeout",
@@ -134,6 +154,16 @@ def _engine(text: str) -> str:
     if text not in known:
         raise argparse.ArgumentTypeError(f"unknown engine {text!r}; known: {', '.join(known)}")
     return text
+
+
+def _max_tokens(text: str) -> int:
+    try:
+        tokens = int(text)
+    except ValueError:
+        tokens = 0
+    if tokens < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens above 0")
+    return tokens
 
 
 def _timeout(text: str) -> float:
@@ -245,7 +275,16 @@ def run(args: argparse.Namespace) -> int:
     prober.join(max(deadline - time.monotonic(), 0.0))
     if not prober.is_alive():
         client.close()
-    for message in hints.messages:
+    outcome_of = {line.label: line.outcome for line in done}
+    told = list(hints.messages)
+    if (
+        outcome_of.get(PROBES[0][0]) in WITH_RECORD
+        and outcome_of.get(PROBES[2][0]) == Outcome.NO_STATS.value
+    ):
+        # include_usage did not help: the instrumentation's advice to send it is moot.
+        tail = INCLUDE_USAGE.split("%s", 1)[1]
+        told = [m for m in told if not m.endswith(tail)] + [STREAMS_STRIPPED]
+    for message in told:
         _print("")
         _print(f"hint: {message}")
     outcomes = [line.outcome for line in done] + [Outcome.ERROR.value] * (len(PROBES) - len(done))
@@ -258,8 +297,15 @@ def run(args: argparse.Namespace) -> int:
         if any(line.answer.foreign for line in done):
             _print(NOT_CHAT)
             return 1
+        if Outcome.INVALID.value in outcomes:
+            _print(REJECTED)
+            return 1
+        if Outcome.AMBIGUOUS.value in outcomes:
+            _print(AMBIGUOUS)
+            return 1
         bodies = [line.answer.body for line in done if line.answer.body is not None]
-        fix = _fix_for(bodies[0] if bodies else None) or f"To get them, {TURN_STATS_ON}"
+        fix = _fix_for(bodies[0] if bodies else None, args.max_tokens)
+        fix = fix or f"To get them, {TURN_STATS_ON}"
         _print(
             f"No response carried spec-decode stats. {fix} (README: Why is my dashboard empty?)."
         )
@@ -395,7 +441,7 @@ def _request(
     return _Answer(foreign=f"not a chat completion: {kind}, {start!r}")
 
 
-def _fix_for(body: Any) -> str | None:
+def _fix_for(body: Any, max_tokens: int) -> str | None:
     """The one switch to name when the body shows which engine answered without stats:
     vLLM's per-request ``metrics`` null, or with ``speculative_decoding`` null (0.34.0:
     the server runs without a speculative config, or without per-request spec-decode
@@ -418,6 +464,11 @@ def _fix_for(body: Any) -> str | None:
             "was drafted for this reply: start llama-server with --spec-type (draft-simple "
             "with -md, or an n-gram type, which drafts only where the text repeats), or give "
             "mlx-vlm a drafter"
+            + (
+                f"; or the reply was too short to draft for (--max-tokens {max_tokens})"
+                if max_tokens < SHORT_REPLY
+                else ""
+            )
         )
     return None
 

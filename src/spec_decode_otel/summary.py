@@ -142,13 +142,25 @@ def read_rows(lines: Iterable[str], skipped: Skipped) -> Iterator[Row]:
             continue
         try:
             row = _row(json.loads(line))
-        # json's errors and pydantic's ValidationError are ValueErrors; RecursionError is
-        # json's answer to a deeply nested line.
+        except ValidationError as exc:  # which field broke which rule, without its value
+            skipped.add(f"line {number}: {_broken_rules(exc)}")
+            continue
+        # json's errors are ValueErrors; RecursionError is its answer to a deeply nested
+        # line.
         except (ValueError, RecursionError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             skipped.add(f"line {number}: {reason}")
             continue
         yield row
+
+
+def _broken_rules(exc: ValidationError) -> str:
+    """A rejected record's errors, field and rule each (the first three)."""
+    said = [
+        ".".join(map(str, error["loc"])) + (": " if error["loc"] else "") + error["msg"]
+        for error in exc.errors(include_url=False, include_input=False)[:3]
+    ]
+    return "record rejected: " + "; ".join(said)
 
 
 def _row(data: Any) -> Row:

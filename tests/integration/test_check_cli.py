@@ -95,6 +95,54 @@ def test_check_on_a_server_without_stats_says_how_to_turn_them_on_and_fails(
     assert status == 1
 
 
+@pytest.mark.parametrize("fault", ["inconsistent", "malformed-types"])
+def test_check_on_stats_it_rejects_says_they_were_rejected_not_missing(
+    simulator_url: str, fault: str
+) -> None:
+    """Stats that arrive but break the record's rules (the simulator's payload faults):
+    every call is ``invalid``. The verdict said no response carried stats and to switch
+    them on, which they were, contradicting the instrumentation's own hint above it."""
+    status, lines, out = check(
+        simulator_url,
+        "--header",
+        "x-spec-decode-engine: trtllm",
+        "--header",
+        f"x-sim-fault: {fault}",
+    )
+    assert [lines[p].split()[0] for p in PROBES] == ["invalid"] * 3
+    said = " ".join(out.split())
+    assert "Spec-decode stats arrived but were rejected as invalid" in said
+    assert "No response carried spec-decode stats" not in said
+    assert TURN_STATS_ON not in said
+    assert status == 1
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_check_behind_a_gateway_that_drops_streamed_stats_points_at_the_gateway(
+    simulator_url: str, engine: str
+) -> None:
+    """The simulator as LiteLLM's proxy (``x-sim-gateway: litellm-proxy``; the real proxy,
+    1.110.2, answered alike when a helper ran check through it): the plain call has
+    stats, no stream has, even with ``include_usage``. The only advice was to send
+    ``include_usage`` (vLLM), which the third call had just shown does not help, or
+    nothing (SGLang); now it points at what is in front of the engine."""
+    status, lines, out = check(
+        simulator_url,
+        "--header",
+        f"x-spec-decode-engine: {engine}",
+        "--header",
+        "x-sim-gateway: litellm-proxy",
+        "--request-engine-stats",
+        "sglang",
+    )
+    assert [lines[p].split()[0] for p in PROBES] == ["recorded", "no_stats", "no_stats"]
+    said = " ".join(out.split())
+    assert "no stream had, even with stream_options.include_usage" in said
+    assert "Through a gateway" in said
+    assert "inject_include_usage=True" not in said
+    assert status == 0
+
+
 @pytest.mark.parametrize("timing_metrics", [True, False], ids=["timing-metrics", "default-flags"])
 def test_check_names_vllms_switches_when_its_metrics_carry_no_spec_decoding(
     timing_metrics: bool,
@@ -165,9 +213,14 @@ def test_check_on_no_server_at_all_says_it_could_not_connect(simulator_url: str)
         (["--timeout", "-5"], "argument --timeout: '-5' is not a number of seconds"),
         (["--timeout", "abc"], "argument --timeout: 'abc' is not a number of seconds"),
         (["--base-url-empty"], "argument base_url: the base URL is empty"),
+        (["--max-tokens", "0"], "argument --max-tokens: '0' is not a whole number of tokens"),
+        (["--max-tokens", "-1"], "argument --max-tokens: '-1' is not a whole number of tokens"),
     ],
-    ids=["header", "engine", "nan", "inf", "1e300", "zero", "negative", "not-a-number", "url"],
-)
+    ids=[
+        "header", "engine", "nan", "inf", "1e300", "zero", "negative", "not-a-number", "url",
+        "max-tokens-zero", "max-tokens-negative",
+    ],
+)  # fmt: skip
 def test_bad_flags_are_usage_errors_with_exit_status_2(
     simulator_url: str, flags: list[str], says: str
 ) -> None:
@@ -176,7 +229,8 @@ def test_bad_flags_are_usage_errors_with_exit_status_2(
     refused with 1 (a ``SystemExit`` message from ``run``); a timeout that is not a
     finite number ended in ``Thread.join``'s OverflowError or ValueError traceback, and
     0 or a negative one was taken, every call then reported as not answered in time; an
-    empty URL was taken too, each call then a connection error."""
+    empty URL was taken too, each call then a connection error; ``--max-tokens 0`` went
+    out, and the server's refusals ended in advice about the URL and the key."""
     url = "" if flags == ["--base-url-empty"] else simulator_url
     flags = [] if url == "" else flags
     done = subprocess.run(

@@ -449,9 +449,7 @@ async def test_a_stream_still_held_at_exit_is_exported_as_not_read_to_end(
     assert outcomes == [("not_read_to_end", False), ("recorded", None)]
     # cumulative: the last export (exit flushes, then shuts down) holds every count
     requests = [m for m in metrics if m.name == "spec_decode.requests"][-1]
-    counts = {
-        otlp_attributes(p)["spec_decode.outcome"]: p.as_int for p in requests.sum.data_points
-    }
+    counts = {otlp_attributes(p)["spec_decode.outcome"]: p.as_int for p in requests.sum.data_points}
     assert counts == {"recorded": 1, "not_read_to_end": 1}
 
 

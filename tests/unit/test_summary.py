@@ -155,6 +155,10 @@ def test_lines_that_are_not_rows_are_reported_by_number() -> None:
     problems = skipped.reasons
     assert [p.split(":")[0] for p in problems] == ["line 3", "line 4", "line 5", "line 6"]
     assert "unknown outcome 'lost'" in problems[1]
+    # a rejected record names the field and the rule it broke (pydantic's header alone,
+    # "1 validation error for SpecDecodeAcceptanceRecord", said neither), not its values
+    assert problems[2].startswith("line 5: record rejected: ")
+    assert "num_spec_steps" in problems[2] and "validation error" not in problems[2]
     assert "not a JSON object" in problems[3]
 
 

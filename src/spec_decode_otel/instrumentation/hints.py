@@ -46,9 +46,10 @@ INVALID = (
 )
 INCLUDE_USAGE = (
     "%s sends spec-decode stats on non-streaming calls but none arrived on a stream made "
-    "without stream_options.include_usage (vLLM sends streaming stats only on the usage "
-    "chunk): set inject_include_usage=True (SPEC_DECODE_OTEL_INJECT_INCLUDE_USAGE=true), "
-    "or start vLLM with --enable-force-include-usage"
+    "without stream_options.include_usage (it sends streaming stats only on the usage "
+    "chunk, as vLLM does): set inject_include_usage=True "
+    "(SPEC_DECODE_OTEL_INJECT_INCLUDE_USAGE=true), or, on vLLM, start it with "
+    "--enable-force-include-usage"
 )
 #: What gets a server's stats to the client (also said by ``spec-decode-otel check``).
 TURN_STATS_ON = (

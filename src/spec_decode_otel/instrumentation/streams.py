@@ -127,7 +127,7 @@ class StreamObserver:
                     keep = True
             if keep:
                 self.kept.append(chunk)
-                return bool(choices) or not self.injected.hides(chunk.usage)
+                return choices != [] or not self.injected.hides(chunk.usage)
         except Exception:
             report_internal_error("stream.observe")
         return True

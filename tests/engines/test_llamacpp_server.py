@@ -509,3 +509,13 @@ def test_check_reads_the_real_server_with_and_without_drafting(llama_server: Any
         if not spec:
             assert "sends timings (llama.cpp, mlx-vlm) without draft counts" in out
             assert "--spec-type (draft-simple with -md, or an n-gram type" in out
+            assert "too short to draft for" not in out
+    # A reply of one token leaves nothing to draft, on a server that drafts: the switch
+    # it already has was all the command named; now it says the reply may be too short.
+    server = llama_server("identical", spec=True)
+    exit_status, lines, out = run_check(
+        server.base_url, "--model", "tiny-target", "--max-tokens", "1"
+    )
+    assert exit_status == 1, out
+    assert [lines[probe].split()[0] for probe in PROBES] == ["no_stats"] * 3
+    assert "or the reply was too short to draft for (--max-tokens 1)" in " ".join(out.split())

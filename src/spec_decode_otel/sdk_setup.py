@@ -283,9 +283,10 @@ def _flush_at_child_exit(built: Providers) -> None:
 def _refused(what: str, exc: Exception, fallback: str = "") -> None:
     """A RuntimeWarning, at the application's line that called ``setup()``, that
     ``what`` could not be had from the environment (the OTEL_* variables, or the
-    exporters installed)."""
+    exporters installed). An exception without a message is named by its class (the SDK
+    meets ``OTEL_PYTHON_METER_PROVIDER=bogus`` with a bare ``StopIteration``)."""
     warnings.warn(
-        f"spec_decode_otel.setup(): {what}: {exc}{fallback}",
+        f"spec_decode_otel.setup(): {what}: {str(exc) or type(exc).__name__}{fallback}",
         RuntimeWarning,
         stacklevel=caller_stacklevel(),
     )

@@ -294,6 +294,20 @@ async def test_an_exporter_the_sdk_refuses_to_build_warns_and_the_app_runs(
     assert "interval value 0.0 is invalid" in err, err
 
 
+async def test_an_exporter_refused_without_a_message_is_named_by_its_exception(
+    simulator_url: str,
+) -> None:
+    """``OTEL_PYTHON_METER_PROVIDER=bogus``: the SDK's OTLP span exporter (1.45.2) looks
+    the provider up for metrics of its own and raises a bare ``StopIteration``, and the
+    warning said "spans are not exported: " and nothing. The app runs on; the warning
+    names the exception."""
+    spans, _, err = await run_exporting(
+        ONE_CALL, SIMULATOR_URL=simulator_url, OTEL_PYTHON_METER_PROVIDER="bogus"
+    )
+    assert spans == []
+    assert "spans are not exported: StopIteration (an OTEL_* value" in err, err
+
+
 @pytest.mark.parametrize(
     ("env", "named", "sent"),
     [

@@ -752,3 +752,43 @@ async def test_an_async_call_whose_loop_ends_with_it_has_its_span(
     expected = "recorded" if api == "chat" else "no_stats"  # vLLM's Responses: no stats
     assert span.attributes["spec_decode.outcome"] == expected
     assert otel.requests_by_outcome() == {expected: 1}
+
+
+@pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <coroutine object LoggingWorker._worker_loop"
+    ":pytest.PytestUnraisableExceptionWarning"
+)
+async def test_mock_responses_reach_no_server_and_get_no_span(
+    otel: Otel, simulator_url: str
+) -> None:
+    """``mock_response`` makes LiteLLM answer the call itself (``mock_completion``,
+    litellm 1.110.2 main.py): no server was asked. Such calls had a ``no_stats`` span
+    without ``server.address`` and a ``no_stats`` count (lowering the coverage the alerts
+    read), an error span for ``mock_response=Exception(...)``, and under ``asyncio.run``
+    no span but a call left open for good. A real call to the same server right after is
+    recorded as usual, also with the key ``mock-key``."""
+    otel.instrument()
+    request = litellm_kwargs(
+        "hosted_vllm", request_kwargs("vllm", "chat", False, seed_for("mocked")), simulator_url
+    )
+    litellm.completion(**request, mock_response="hi")
+    assert [
+        c.choices[0].delta.content
+        for c in litellm.completion(**{**request, "stream": True}, mock_response="hi")
+    ]
+    text = request_kwargs("vllm", "completions", False, seed_for("mocked text"))
+    litellm.text_completion(
+        **litellm_kwargs("hosted_vllm", text, simulator_url), mock_response="hi"
+    )
+    with pytest.raises(Exception, match="boom"):
+        litellm.completion(**request, mock_response=Exception("boom"))
+
+    def script() -> Any:
+        return asyncio.run(litellm.acompletion(**request, mock_response="hi"))
+
+    assert await asyncio.to_thread(script)
+    litellm.completion(**{**request, "api_key": "mock-key"})
+    (span,) = await settled_spans(otel)
+    assert span.attributes["spec_decode.outcome"] == "recorded"
+    assert span.attributes["server.port"] == int(simulator_url.rsplit(":", 1)[1].split("/")[0])
+    assert otel.requests_by_outcome() == {"recorded": 1}

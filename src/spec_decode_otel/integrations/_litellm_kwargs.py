@@ -195,6 +195,14 @@ def server(kwargs: Mapping[str, Any]) -> tuple[str | None, int | None]:
     return url_server(base)
 
 
+def mocked(kwargs: Mapping[str, Any]) -> bool:
+    """A ``mock_response`` call, which LiteLLM answers itself: no server was asked, so it
+    is no call of ours. LiteLLM 1.110.2's ``mock_completion`` (main.py) logs its start
+    with the key ``mock-key`` and no ``api_base``; a real call's start has the endpoint
+    LiteLLM is about to call, whatever its key."""
+    return kwargs.get("api_key") == "mock-key" and server(kwargs) == (None, None)
+
+
 def url_server(url: str) -> tuple[str | None, int | None]:
     """Host and port of ``url`` (``server.address``, ``server.port``): the scheme's
     default port when it names none, None for a port out of range."""

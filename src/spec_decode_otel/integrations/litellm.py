@@ -296,7 +296,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         call_id = wire.attempt(kwargs)
         if not self._enabled or call_id is None or not is_instrumentation_enabled():
             return  # a call inside suppress_instrumentation() is never started, so never ends
-        if kwargs.get("call_type") not in OPERATIONS:
+        if kwargs.get("call_type") not in OPERATIONS or wire.mocked(kwargs):
             return
 
         def make() -> _Started:

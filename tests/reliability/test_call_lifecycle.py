@@ -28,7 +28,7 @@ from typing import Any
 import openai
 import pytest
 from opentelemetry import context as otel_context
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.trace import StatusCode
 from reliability_helpers import (
     API_KEY,
@@ -805,6 +805,48 @@ def test_a_child_forked_while_a_records_line_is_written_records_its_own_calls(
     assert ended == (0, "ended")
     rows = [json.loads(line) for line in b"".join(drained).decode().splitlines() if line]
     assert len(rows) == 2  # the parent's line, once, and the child's
+
+
+def test_children_forked_while_threads_write_records_lines_never_wait_for_its_lock(
+    tmp_path: Path,
+) -> None:
+    """Eight threads end spans into a ``RecordsFileProcessor`` while the main thread forks
+    twenty children, each of which ends one span. A helper saw 32 of 40 such children
+    wait for good for the records lock (``/tmp/s31/h8/fork_hang.py``): the after-fork
+    hook released the inherited lock only when ``locked()`` said it was held, and
+    CPython 3.11 marks a lock held only once the acquiring thread has the interpreter lock
+    back, so a lock just taken by a thread still waiting for it looked free and stayed
+    taken. The child now gets a new lock."""
+    provider = TracerProvider()
+    provider.add_span_processor(RecordsFileProcessor(str(tmp_path / "records.jsonl")))
+    tracer = provider.get_tracer("forking-app")
+    attributes = {SD_OUTCOME: "error", "gen_ai.request.model": "m"}
+    stop = threading.Event()
+
+    def end_spans() -> None:
+        while not stop.is_set():
+            tracer.start_span("call", attributes=attributes).end()
+
+    def end_one() -> str:
+        ender = threading.Thread(
+            target=lambda: tracer.start_span("child", attributes=attributes).end(), daemon=True
+        )
+        ender.start()
+        ender.join(5)
+        return "waiting" if ender.is_alive() else "ended"
+
+    threads = [threading.Thread(target=end_spans) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.2)
+        reports = [forked(end_one)() for _ in range(20)]
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        provider.shutdown()
+    assert reports == [(0, "ended")] * 20
 
 
 def test_a_child_forked_while_another_thread_counts_a_call_records_its_own_calls(

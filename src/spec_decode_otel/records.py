@@ -51,6 +51,8 @@ class RecordsFileProcessor(SpanProcessor):
             self._stream = target
             self._fd = _descriptor(target)
         self._closed = False
+        #: A line was cut short (a full disk): the next starts on a line of its own.
+        self._torn = False
         self._lock = fork_safe_lock()
 
     def on_end(self, span: ReadableSpan) -> None:
@@ -67,11 +69,15 @@ class RecordsFileProcessor(SpanProcessor):
             with self._lock:
                 if self._closed or (self._stream is not None and self._stream.closed):
                     return
+                if self._torn:
+                    line = "\n" + line
+                self._torn = True  # until the whole line is written
                 if self._fd is not None:
                     _write_all(self._fd, line.encode("ascii"))
                 elif self._stream is not None:
                     self._stream.write(line)
                     self._stream.flush()
+                self._torn = False
         except (OSError, ValueError):  # a full disk must not fail the caller's span.end()
             # Logged without the lock: a handler may block (under gevent, switch).
             rate_limited.log(

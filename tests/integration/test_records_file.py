@@ -11,6 +11,8 @@ from __future__ import annotations
 import io
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +136,44 @@ def test_a_failing_write_never_fails_the_span_end(caplog: pytest.LogCaptureFixtu
     assert [r.getMessage() for r in caplog.records if r.name == "spec_decode_otel"] == [
         "could not write a record line"
     ]
+
+
+FILE_SIZE_LIMIT_APP = """
+import os, resource, signal, sys
+from opentelemetry.sdk.trace import TracerProvider
+from spec_decode_otel.records import RecordsFileProcessor
+
+path = sys.argv[1]
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+provider = TracerProvider()
+provider.add_span_processor(RecordsFileProcessor(path))
+tracer = provider.get_tracer("app")
+attributes = {"spec_decode.outcome": "no_stats", "gen_ai.request.model": "m"}
+for _ in range(3):
+    tracer.start_span("call", attributes=attributes).end()
+_, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(path) + 20, hard))
+tracer.start_span("call", attributes=attributes).end()  # 20 bytes of it, then EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))  # room again
+for _ in range(2):
+    tracer.start_span("call", attributes=attributes).end()
+provider.shutdown()
+"""
+
+
+def test_a_line_cut_short_by_a_full_file_system_loses_only_itself(tmp_path: Path) -> None:
+    """The kernel refuses a write past the file size limit (``RLIMIT_FSIZE``, EFBIG) as
+    it refuses one on a full disk (ENOSPC): part of the line is written, the rest is not.
+    The next line, once there is room again, was appended to the torn one, and
+    ``summarize`` skipped both; it now starts on a line of its own."""
+    path = tmp_path / "records.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", FILE_SIZE_LIMIT_APP, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = path.read_text(encoding="ascii").splitlines()
+    assert len(lines[3]) == 20  # the torn line, alone
+    assert [json.loads(line)["outcome"] for line in lines[:3] + lines[4:]] == ["no_stats"] * 5

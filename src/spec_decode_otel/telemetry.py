@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from opentelemetry import metrics
@@ -154,13 +154,19 @@ class _Totals:
     def add(self, key: AttributeKey, value: int) -> None:
         with self._lock:
             if key not in self._sums and len(self._sums) >= MAX_POINTS:
-                key = tuple((k, OVERFLOW_VALUE if k in SERVER_CHOSEN else v) for k, v in key)
+                key = tuple(_server_values_folded(key))
             self._sums[key] = min(self._sums.get(key, 0) + value, MAX_COUNT)
 
     def observe(self, _options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:
             snapshot = list(self._sums.items())
         return [Observation(value, dict(key)) for key, value in snapshot]
+
+
+def _server_values_folded(items: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """``items`` with the values the server chose (``SERVER_CHOSEN``) reported as
+    ``OVERFLOW_VALUE``, in the same order."""
+    return ((k, OVERFLOW_VALUE if k in SERVER_CHOSEN else v) for k, v in items)
 
 
 def _key(attrs: Mapping[str, Any]) -> AttributeKey:
@@ -241,7 +247,7 @@ class SpecDecodeInstruments:
             if key in self._series or len(self._series) < MAX_SERIES:
                 self._series.add(key)
                 return series
-        return {k: OVERFLOW_VALUE if k in SERVER_CHOSEN else v for k, v in series.items()}
+        return dict(_server_values_folded(series.items()))
 
     def record(
         self,

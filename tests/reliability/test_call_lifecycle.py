@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -228,6 +229,44 @@ def test_a_keyboard_interrupt_while_a_stream_waits_is_raised_and_ends_the_call_o
     assert span.status.status_code is StatusCode.UNSET
     assert ERROR_TYPE not in span.attributes
     assert requests_by_outcome(otel) == {"not_read_to_end": 1}
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_while_the_call_ends_is_raised_and_still_ends_its_span(
+    raised: type[BaseException], otel: Otel, openai_client: openai.OpenAI
+) -> None:
+    """Ctrl-C (or ``sys.exit()`` from the app's own handler) landing while the call ends,
+    here in the app's log handler writing the include-usage hint that the end logs: the
+    user gets it, and the span still ends. The call was already marked ended when it
+    came, and only an ``Exception`` ended the span on the way out, so the span stayed
+    open for good: no close, exit or collection ended it any more. (Found by sending the
+    process SIGINT from such a handler.)"""
+
+    class RaisesOnAWarning(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                raise raised("pressed while a log line was written")
+
+    handler = RaisesOnAWarning()
+    log = logging.getLogger("spec_decode_otel")
+    hints.reset()  # the include-usage hint is said once per server
+    log.addHandler(handler)
+    kwargs = chat(14)
+    del kwargs["stream_options"]  # no usage chunk: the stream's end logs the hint
+    try:
+        with instrumented(otel), pytest.raises(raised):
+            # The same server's stats, not streamed: said once this stream lacks them.
+            openai_client.chat.completions.create(**chat(15, stream=False))
+            stream = openai_client.chat.completions.create(**kwargs)
+            with stream:
+                for _ in stream:
+                    pass
+    finally:
+        log.removeHandler(handler)
+        hints.reset()
+    assert otel.counter.open == 0
+    assert [s.name for s in otel.spans()] == ["chat spec-sim"] * 2
+    assert requests_by_outcome(otel) == {"recorded": 1, "no_stats": 1}
 
 
 # -- threads ---------------------------------------------------------------------------------

@@ -187,7 +187,10 @@ class Call:
     # -- emission --------------------------------------------------------------
 
     def _end_once(self, end: Callable[[], None]) -> None:
-        """Run ``end`` unless the call has ended; a failure still ends our span."""
+        """Run ``end`` unless the call has ended; a failure still ends our span. So does
+        what is no failure of ours (Ctrl-C, ``sys.exit()`` from a log handler or span
+        processor it calls), which then goes on to the caller: the call counts as ended
+        from here on, so nothing else would end the span."""
         with self._lock:
             if self._done:
                 return
@@ -196,12 +199,18 @@ class Call:
             end()
         except Exception:
             report_internal_error("call end")
-            span = self.plan.span if self.plan.own_span else self._late_span
-            if span is not None:
-                try:
-                    span.end()
-                except Exception:
-                    report_internal_error("span.end")
+            self._end_span_left_open()
+        except BaseException:
+            self._end_span_left_open()
+            raise
+
+    def _end_span_left_open(self) -> None:
+        span = self.plan.span if self.plan.own_span else self._late_span
+        if span is not None and span.is_recording():
+            try:
+                span.end()
+            except Exception:
+                report_internal_error("span.end")
 
     def _end(
         self,

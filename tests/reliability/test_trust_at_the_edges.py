@@ -209,6 +209,78 @@ def test_a_tiny_hostile_body_costs_milliseconds_and_gives_no_record(
     assert otel.points(M_VERIFY_STEPS) == []
 
 
+def line_flood_body() -> bytes:
+    """A chat completion whose non-standard field spreads a list over 2,000,000 lines."""
+    head = chat_body()[:-1]  # the closing brace comes after the list
+    return head + b', "x": [' + b"1,\n" * 2_000_000 + b"1]}"
+
+
+def blank_line_flood_stream() -> bytes:
+    """A stream with 8,000,000 blank lines between its last chunk and its end."""
+    chunks, done = stream_with({}).split(b"data: [DONE]")
+    return chunks + b"\n" * 8_000_000 + b"data: [DONE]" + done
+
+
+def cut_string_flood_stream() -> bytes:
+    """An SSE event whose JSON string holds 2,000,000 line ends: ``iter_lines()`` hands
+    it over as that many lines, each of which continues the cut string."""
+    event = b'data: {"x": "' + b"ab\n" * 2_000_000 + b'"}\n\n'
+    return stream_with({}).replace(b"data: [DONE]", event + b"data: [DONE]")
+
+
+def read_raw(client: openai.OpenAI, how: str, stream: bool) -> int:
+    """Read a call's body raw, as ``how`` says; what the user got (lines or bytes)."""
+    kwargs: dict[str, Any] = {"model": "m", "messages": MESSAGES, "stream": stream}
+    with client.chat.completions.with_streaming_response.create(**kwargs) as response:
+        if how == "read":
+            return len(response.read())
+        if how == "iter_bytes":
+            return sum(len(piece) for piece in response.iter_bytes())
+        return sum(1 for _ in response.iter_lines())
+
+
+@pytest.mark.parametrize(
+    ("body", "stream", "how"),
+    [
+        (line_flood_body(), False, "iter_lines"),
+        (blank_line_flood_stream(), True, "read"),
+        (cut_string_flood_stream(), True, "iter_lines"),
+    ],
+    ids=["json-body-of-short-lines", "blank-line-flood", "cut-string-of-short-lines"],
+)
+def test_a_body_read_raw_as_a_flood_of_lines_costs_under_ten_times_its_size(
+    body: bytes, stream: bool, how: str, server: LoopbackServer, otel: Otel
+) -> None:
+    """SECURITY.md's memory bound (extra memory under 10x the body) for bodies read raw,
+    which we split and decode where the user reads bytes or lines. Each line of these
+    bodies cost a Python object of its own, 50 bytes or more, where it carries two or
+    three characters: a JSON body read by ``iter_lines()`` kept each line apart, a stream
+    read whole split into a list of one entry per blank line, and a JSON string cut by
+    ``iter_lines()`` kept each piece apart (17 to 25 times the body, found by a probe of
+    hostile servers)."""
+    server.reply(body)
+    client = client_for(server)
+
+    def peak_of_read() -> tuple[int, int]:
+        tracemalloc.start()
+        seen = read_raw(client, how, stream)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return seen, peak
+
+    try:
+        bare, bare_peak = peak_of_read()
+        with instrumented(otel), internal_errors() as reported:
+            seen, peak = peak_of_read()
+    finally:
+        client.close()
+    assert seen == bare  # the user is untouched
+    assert reported == []
+    assert otel.counter.open == 0 and len(otel.spans()) == 1
+    extra = peak - bare_peak
+    assert extra < 10 * len(body), f"{extra / len(body):.1f} times the body"
+
+
 def test_a_litellm_body_over_the_decode_bound_is_read_from_litellms_own_object(
     server: LoopbackServer, otel: Otel
 ) -> None:

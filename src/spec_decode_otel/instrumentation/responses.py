@@ -36,6 +36,7 @@ from spec_decode_otel.sse import (
     CUT_LINE_END,
     MAX_EVENT_CHARS,
     SseSplitter,
+    TextPieces,
     Undecoded,
     decode_json,
     ends_in_json_string,
@@ -108,7 +109,7 @@ class RawBody:
         self.observer = StreamObserver(call, NOTHING_INJECTED)
         self.splitter = SseSplitter()
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.body: list[str] = []
+        self.body = TextPieces()
         self.body_chars = 0
         #: A JSON body read by ``iter_lines()``: whether the last line ended in a string.
         self.in_string = False
@@ -128,7 +129,7 @@ class RawBody:
             if self.streamed:
                 self._events(self.splitter.line(line))
                 return
-            if self.body_chars <= MAX_EVENT_CHARS:
+            if self.body_chars + len(line) <= MAX_EVENT_CHARS:
                 self.in_string = ends_in_json_string(line, self.in_string)
             self.feed_text(line + (CUT_LINE_END if self.in_string else "\n"))
         except Exception:
@@ -168,7 +169,7 @@ class RawBody:
             if self.streamed:
                 self.observer.on_end()
                 return
-            text = "".join(self.body)
+            text = self.body.text()
             self.body.clear()
             if self.body_chars > MAX_EVENT_CHARS:
                 self.call.finish_empty()

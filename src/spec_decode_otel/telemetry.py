@@ -300,5 +300,18 @@ def instruments_for(meter_provider: metrics.MeterProvider | None) -> SpecDecodeI
         except TypeError:  # not weak-referenceable: cannot share
             return SpecDecodeInstruments(meter_provider)
         if found is None:
-            found = _by_provider[provider] = SpecDecodeInstruments(meter_provider)
+            found = _made_through_stand_in(provider) or SpecDecodeInstruments(meter_provider)
+            _by_provider[provider] = found
         return found
+
+
+def _made_through_stand_in(provider: metrics.MeterProvider) -> SpecDecodeInstruments | None:
+    """The instruments made before the app set its global provider, through the API's
+    stand-in, when ``provider`` is that global one: the stand-in registered their
+    counters there, with their callbacks, so a second set would add to sums nothing
+    reads (the SDK keeps the first callbacks and says nothing)."""
+    from opentelemetry.metrics._internal import _PROXY_METER_PROVIDER
+
+    if provider is not metrics.get_meter_provider():
+        return None
+    return _by_provider.get(_PROXY_METER_PROVIDER)

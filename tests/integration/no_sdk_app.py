@@ -5,11 +5,14 @@ logs at WARNING to stdout, where the test reads the instrumentation's hints.
 Cases: ``none`` (no SDK), ``tracing`` (a TracerProvider only, as a tracing-only set-up
 leaves it), ``late`` (both providers set after ``instrument()``, before the first call),
 ``passed`` (providers passed to ``instrument()``, none set globally), ``zero-code`` (the
-app instruments nothing itself: run it under ``opentelemetry-instrument``).
+app instruments nothing itself: run it under ``opentelemetry-instrument``), ``clients``
+(one client instrumented before the providers are set, a second after; the calls go to
+both, and it prints the metrics its reader collected).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -17,9 +20,10 @@ import sys
 import openai
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
-from spec_decode_otel import SpecDecodeInstrumentor
+from spec_decode_otel import SpecDecodeInstrumentor, instrument_client
 
 
 def main() -> None:
@@ -27,21 +31,47 @@ def main() -> None:
     case = os.environ["NO_SDK_CASE"]
     if case == "tracing":
         trace.set_tracer_provider(TracerProvider())
+    clients = [_client()]
     if case == "passed":
         providers = {"tracer_provider": TracerProvider(), "meter_provider": MeterProvider()}
         SpecDecodeInstrumentor().instrument(**providers)
+    elif case == "clients":
+        instrument_client(clients[0])
     elif case != "zero-code":
         SpecDecodeInstrumentor().instrument()
-    if case == "late":
+    reader = InMemoryMetricReader()
+    if case in ("late", "clients"):
         trace.set_tracer_provider(TracerProvider())
-        metrics.set_meter_provider(MeterProvider())
-    client = openai.OpenAI(base_url=os.environ["SIMULATOR_URL"], api_key="sk-test", max_retries=0)
-    for _ in range(2):
-        client.chat.completions.create(
-            model="spec-sim", messages=[{"role": "user", "content": "Say hello."}]
-        )
-    client.close()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    if case == "clients":
+        clients.append(instrument_client(_client()))
+    for client in clients:
+        for _ in range(2):
+            client.chat.completions.create(
+                model="spec-sim", messages=[{"role": "user", "content": "Say hello."}]
+            )
+        client.close()
     print("calls done")
+    if case == "clients":
+        print("metrics:", json.dumps(_points(reader)))
+
+
+def _client() -> openai.OpenAI:
+    return openai.OpenAI(base_url=os.environ["SIMULATOR_URL"], api_key="sk-test", max_retries=0)
+
+
+def _points(reader: InMemoryMetricReader) -> dict[str, float]:
+    """Per metric: its counter sum, or its histogram count, over every series."""
+    totals: dict[str, float] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    value = getattr(point, "value", None)
+                    count = point.count if value is None else value  # type: ignore[attr-defined]
+                    totals[metric.name] = totals.get(metric.name, 0) + count
+    return totals
 
 
 if __name__ == "__main__":

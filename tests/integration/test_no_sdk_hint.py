@@ -14,6 +14,7 @@ configurator, no SDK.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,23 @@ def test_an_sdk_in_place_by_the_first_call_says_nothing(case: str, simulator_url
     record into the provider set later, so nothing is lost. ``passed``: the application's
     own providers, not the global ones, take the data."""
     assert _hints(_run(case, simulator_url)) == []
+
+
+def test_a_client_instrumented_before_the_sdk_and_one_after_add_to_the_same_counts(
+    simulator_url: str,
+) -> None:
+    """One client instrumented at import, while the API's stand-in is the meter provider,
+    and one after the app set its own: both clients' calls are counted. The second got
+    instruments of its own, whose counters the SDK had already registered (through the
+    stand-in, with the first's callbacks): its calls added to sums nothing read, and
+    ``spec_decode.requests`` showed 2 of 4 calls, with nothing said (found by probing
+    start-up orders)."""
+    output = _run("clients", simulator_url)
+    assert _hints(output) == []
+    totals = json.loads(output.split("metrics: ", 1)[1])
+    assert totals["spec_decode.requests"] == 4
+    assert totals["spec_decode.acceptance_length"] == 4  # the histograms counted all along
+    assert totals["spec_decode.verify_steps"] > 0
 
 
 def test_opentelemetry_instrument_without_a_configurator_says_so(simulator_url: str) -> None:

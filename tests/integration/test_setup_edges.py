@@ -467,6 +467,51 @@ async def test_a_stream_still_held_at_exit_is_exported_as_not_read_to_end(
     assert counts == {"recorded": 1, "not_read_to_end": 1}
 
 
+HELD_RESPONSE_APP = """
+import os, openai, spec_decode_otel
+providers = spec_decode_otel.setup("held-response-app")
+client = openai.OpenAI(base_url=os.environ["SIMULATOR_URL"], api_key="sk-test", max_retries=0)
+kwargs = {"model": "spec-sim", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+for chunk in client.chat.completions.create(**kwargs):
+    pass  # the first stream, read to its end
+held = os.environ["HELD"]
+if held == "streaming-response":
+    response = client.chat.completions.with_streaming_response.create(**kwargs).__enter__()
+elif held == "raw-response":
+    response = client.chat.completions.with_raw_response.create(**kwargs)
+else:  # new providers, made after the first stream, and a stream held
+    providers.shutdown()
+    spec_decode_otel.setup("held-response-app")
+    response = client.chat.completions.create(**kwargs)
+    next(response)
+"""
+
+
+@pytest.mark.parametrize("held", ["streaming-response", "raw-response", "providers-made-since"])
+async def test_a_response_still_held_at_exit_is_exported_as_not_read_to_end(
+    held: str, simulator_url: str
+) -> None:
+    """Two ways out that the held stream's test did not take, found by probing exits:
+    a response of ``with_streaming_response`` or ``with_raw_response`` whose body was
+    never read or parsed had no exit hook at all; and the hook, registered once at the
+    first stream, ran after the exit handlers of providers made since (atexit runs the
+    last one first), whose processors had stopped. Either call had no span and no count."""
+    spans, metrics, _ = await run_exporting(
+        HELD_RESPONSE_APP, SIMULATOR_URL=simulator_url, HELD=held
+    )
+    outcomes = sorted(
+        (a["spec_decode.outcome"], a.get("spec_decode.read_to_end"))
+        for a in map(otlp_attributes, spans)
+    )
+    # The first stream asked for no usage chunk, where the simulator's vLLM sends its stats.
+    assert outcomes == [("no_stats", None), ("not_read_to_end", False)]
+    if held != "providers-made-since":  # new providers count anew
+        requests = [m for m in metrics if m.name == "spec_decode.requests"][-1]
+        points = requests.sum.data_points
+        counts = {otlp_attributes(p)["spec_decode.outcome"]: p.as_int for p in points}
+        assert counts == {"no_stats": 1, "not_read_to_end": 1}
+
+
 @pytest.mark.parametrize(
     ("keyword", "value"),
     [("inject_include_usage", "false"), ("per_step_max_length", "10")],

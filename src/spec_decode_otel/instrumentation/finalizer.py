@@ -23,6 +23,7 @@ the C queue made at import would block the only OS thread, and the whole process
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import queue
 import threading
@@ -39,7 +40,6 @@ MAX_PENDING = 10_000
 _pending: queue.SimpleQueue[Callable[[], None]] | None = None
 _worker: threading.Thread | None = None
 _lock = threading.Lock()
-_exit_hook = False
 
 
 class Watched(Protocol):
@@ -53,29 +53,32 @@ _watched: weakref.WeakSet[Watched] = weakref.WeakSet()
 
 
 def watch(observer: Watched) -> None:
-    """End ``observer``'s call at exit if it is still open then."""
-    _watched.add(observer)
+    """End ``observer``'s call at exit if it is still open then (``observer`` is held
+    weakly: reclaimed, it ends its call through :func:`defer`)."""
+    with contextlib.suppress(TypeError):  # a proxy of what is not hashable: ended when reclaimed
+        _watched.add(observer)
 
 
 def start() -> None:
     """Make sure the queue and its thread exist: called where a proxy is made, never
     from ``__del__``. A forked child makes its own, on its first proxy.
 
+    The exit hook is moved to the end of atexit's list each time, so it runs before
+    the exit handlers of every provider made before this proxy (atexit runs the last
+    one first), those of providers made after the first stream included.
+
     The thread is started after the lock is released: under gevent ``Thread.start()``
     waits on the hub, which runs other greenlets, and one of them here would wait for
     a lock held across that switch, blocking the only OS thread.
     """
-    global _pending, _worker, _exit_hook
+    global _pending, _worker
+    atexit.unregister(_end_open_at_exit)
+    atexit.register(_end_open_at_exit)
     if _worker is not None:
         return
     with _lock:
         if _worker is not None:
             return
-        if not _exit_hook:
-            # Registered at the first stream, after the providers' exit handlers (made
-            # before any call), so it runs before them: atexit runs the last one first.
-            atexit.register(_end_open_at_exit)
-            _exit_hook = True
         _pending = queue.SimpleQueue()
         worker = _worker = threading.Thread(
             target=_run, args=(_pending,), name="spec-decode-otel-finalizer", daemon=True

@@ -18,6 +18,7 @@ from __future__ import annotations
 import codecs
 import functools
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
@@ -289,6 +290,8 @@ class _RawResponseProxy(CopiedLikeTheSdk):
         #: which ends the call, comes after theirs (which end nothing).
         self._self_origin = origin
         finalizer.start()
+        if origin is None:
+            finalizer.watch(self)
 
     def _twin(self, wrapped: Any) -> Any:
         return type(self)(wrapped, self._self_call, self._self_injected, self._self_origin or self)
@@ -355,6 +358,14 @@ class _RawResponseProxy(CopiedLikeTheSdk):
         end = self._ending()
         if end is not None and self._self_call.reclaimed():
             finalizer.defer(end)
+
+    def on_exit(self) -> None:
+        """The process is exiting with the response still held, its body unread (or
+        read raw in part): stopped there, unless its call ended before or is a forked
+        parent's. A stream the user parsed from it ends through its own observer."""
+        end = self._ending()
+        if end is not None and self._self_call.pid == os.getpid():
+            end()
 
 
 class SyncRawResponseProxy(_RawResponseProxy):

@@ -18,7 +18,6 @@ from typing import Any
 from spec_decode_otel.simulator.acceptance import (
     AcceptanceProfile,
     Generation,
-    expected_acceptance_length,
     generate,
     sample_step,
 )
@@ -49,7 +48,6 @@ __all__ = [
     "SimulatorConfig",
     "SimulatorServer",
     "create_app",
-    "expected_acceptance_length",
     "generate",
     "sample_step",
 ]

@@ -141,13 +141,6 @@ def generate(rng: random.Random, profile: AcceptanceProfile, limit: int) -> Gene
     return gen
 
 
-def expected_acceptance_length(alpha: float, k: int) -> float:
-    """Closed form of E[accepted + 1] for a scalar alpha and fixed k: sum of alpha**j."""
-    if alpha == 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
 def parse_floats(text: str) -> tuple[float, ...]:
     """'0.9,0.8,0.6' -> (0.9, 0.8, 0.6)."""
     return tuple(float(x) for x in text.split(",") if x.strip())

@@ -50,6 +50,7 @@ from reliability_helpers import (
     instrumented,
     internal_errors,
     no_litellm_call_open,
+    uninstrumented,
 )
 
 from otlp_values import clean_env
@@ -612,6 +613,36 @@ def test_instrumenting_again_with_other_settings_warns_and_keeps_the_first(
     assert ours.attributes[SD_ENGINE] == "vllm"
     (handler,) = [s for s in otel.spans(scope=None) if s.name == "handler"]
     assert not any(k.startswith("spec_decode.") for k in handler.attributes)
+
+
+def test_instrumenting_a_client_again_with_other_settings_warns_and_keeps_the_first(
+    otel: Otel, simulator_url: str
+) -> None:
+    """As ``instrument()`` does. A second ``instrument_client`` with other providers or
+    settings was ignored without a word (found by probing client lifecycles), and one
+    with a keyword that does not exist was not even checked."""
+    client = openai.OpenAI(api_key=API_KEY, base_url=simulator_url, max_retries=0)
+    providers = {"tracer_provider": otel.tracer_provider, "meter_provider": otel.meter_provider}
+    try:
+        with uninstrumented():
+            instrument_client(client, mode="span", **providers)
+            with warnings.catch_warnings(record=True) as same:
+                warnings.simplefilter("always")
+                instrument_client(client, mode="span", **providers)
+                instrument_client(client)  # asks for nothing
+            assert [w for w in same if issubclass(w.category, RuntimeWarning)] == []
+            with pytest.warns(RuntimeWarning, match="the first settings stay") as other:
+                instrument_client(client, **providers)  # mode from the environment: enrich
+            assert other[0].filename == __file__  # said at the caller's line
+            with pytest.raises(TypeError, match="no_such_setting"):
+                instrument_client(client, no_such_setting=True)
+            with otel.tracer_provider.get_tracer("app").start_as_current_span("handler"):
+                client.chat.completions.create(model="spec-sim", messages=MESSAGES)
+    finally:
+        client.close()
+    # mode="span" still holds: our own child span, not the handler enriched.
+    (ours,) = otel.spans()
+    assert ours.attributes[SD_ENGINE] == "vllm"
 
 
 @pytest.mark.parametrize("how", ["instrument", "instrument_client"])

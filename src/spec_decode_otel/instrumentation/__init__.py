@@ -241,17 +241,29 @@ def instrument_client(client: Any, **kwargs: Any) -> Any:
     The cover lives on the instance (no class attribute changes), so ``copy.copy(client)``
     shares it, as it shares the client's cached resources (``client.chat`` and the rest)
     once used: the copy's calls go out through the original. ``client.copy()`` is the way.
+
+    Instrumenting a client again keeps its first settings, with a ``RuntimeWarning`` at
+    the caller's line when the new keywords ask for others, as ``instrument()`` does.
     """
-    if getattr(client, _CLIENT_MARK, False):
-        return client
-    instrumentation, _ = _build(dict(kwargs))
-    _cover(client, instrumentation)
+    first = getattr(client, _CLIENT_MARK, None)
+    if first is not None and not _given(kwargs):
+        return client  # asks for nothing: what instruments it already does
+    instrumentation, identity = _build(dict(kwargs))  # raises for a bad keyword
+    if first is None:
+        _cover(client, instrumentation, identity)
+    elif _given(kwargs) and identity != first:
+        warnings.warn(
+            "this client is already instrumented with other options; the first settings "
+            "stay (instrument client.copy() to give a client other ones)",
+            RuntimeWarning,
+            stacklevel=caller_stacklevel(),
+        )
     return client
 
 
-def _cover(client: Any, instrumentation: Instrumentation) -> None:
+def _cover(client: Any, instrumentation: Instrumentation, identity: tuple[Any, ...]) -> None:
     """Put ``instrumentation`` on this instance's ``request``, and on the clients its
-    ``copy``/``with_options`` make."""
+    ``copy``/``with_options`` make; mark it with ``identity``, what its settings were."""
     import openai._base_client as base_client
 
     is_async = isinstance(client, base_client.AsyncAPIClient)
@@ -268,8 +280,8 @@ def _cover(client: Any, instrumentation: Instrumentation) -> None:
     def derive(wrapped: Any, instance: Any, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
         derived = wrapped(*args, **kw)
         try:
-            if not getattr(derived, _CLIENT_MARK, False):
-                _cover(derived, instrumentation)
+            if getattr(derived, _CLIENT_MARK, None) is None:
+                _cover(derived, instrumentation, identity)
         except Exception:
             report_internal_error("instrument_client: derived client")
         return derived
@@ -279,7 +291,7 @@ def _cover(client: Any, instrumentation: Instrumentation) -> None:
         method = getattr(client, name, None)
         if callable(method):
             object.__setattr__(client, name, wrapt.FunctionWrapper(method, derive))
-    object.__setattr__(client, _CLIENT_MARK, True)
+    object.__setattr__(client, _CLIENT_MARK, identity)
 
 
 __all__ = ["SpecDecodeInstrumentor", "instrument_client"]

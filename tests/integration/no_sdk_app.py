@@ -69,7 +69,7 @@ def _points(reader: InMemoryMetricReader) -> dict[str, float]:
             for metric in scope.metrics:
                 for point in metric.data.data_points:
                     value = getattr(point, "value", None)
-                    count = point.count if value is None else value  # type: ignore[attr-defined]
+                    count = point.count if value is None else value
                     totals[metric.name] = totals.get(metric.name, 0) + count
     return totals
 

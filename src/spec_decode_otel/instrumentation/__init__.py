@@ -251,7 +251,7 @@ def instrument_client(client: Any, **kwargs: Any) -> Any:
     instrumentation, identity = _build(dict(kwargs))  # raises for a bad keyword
     if first is None:
         _cover(client, instrumentation, identity)
-    elif _given(kwargs) and identity != first:
+    elif identity != first:
         warnings.warn(
             "this client is already instrumented with other options; the first settings "
             "stay (instrument client.copy() to give a client other ones)",

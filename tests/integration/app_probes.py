@@ -1,7 +1,8 @@
 """What the coexistence apps (litellm_coexistence_app.py, sentry_langfuse_app.py) watch
 in their own process: spans left open, warnings logged, what a call returned, and the end of
-the calls whose streams the collector reclaimed. They run as scripts in other venvs, with
-this directory first on ``sys.path``."""
+the calls whose streams the collector reclaimed; and the metric totals that those and
+other apps (no_sdk_app.py, litellm_openinference_app.py) print. They run as scripts, some
+in other venvs, with this directory first on ``sys.path``."""
 
 from __future__ import annotations
 
@@ -84,3 +85,18 @@ def finish() -> None:
     finalizer.start()
     finalizer.defer(done.set)
     assert done.wait(10), "the finalizer thread ended nothing for 10 s"
+
+
+def metric_totals(reader: Any) -> dict[str, float]:
+    """Per metric an ``InMemoryMetricReader`` collected: its counter sum, or its
+    histogram count, over every series."""
+    totals: dict[str, float] = {}
+    data = reader.get_metrics_data()
+    for resource_metrics in data.resource_metrics if data else ():
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                for point in metric.data.data_points:
+                    value = getattr(point, "count", None)
+                    value = point.value if value is None else value
+                    totals[metric.name] = totals.get(metric.name, 0) + value
+    return totals

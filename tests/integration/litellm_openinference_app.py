@@ -21,6 +21,7 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
 
 import litellm
+from app_probes import metric_totals
 from openinference.instrumentation.litellm import LiteLLMInstrumentor
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -109,16 +110,7 @@ async def main() -> None:
         }
         for s in exporter.get_finished_spans()
     ]
-    totals: dict[str, float] = {}
-    data = reader.get_metrics_data()
-    for resource_metrics in data.resource_metrics if data else ():
-        for scope_metrics in resource_metrics.scope_metrics:
-            for metric in scope_metrics.metrics:
-                for point in metric.data.data_points:
-                    value = getattr(point, "count", None)
-                    value = point.value if value is None else value
-                    totals[metric.name] = totals.get(metric.name, 0) + value
-    print(json.dumps({"spans": spans, "metrics": totals}))
+    print(json.dumps({"spans": spans, "metrics": metric_totals(reader)}))
 
 
 asyncio.run(main())

@@ -18,6 +18,7 @@ import os
 import sys
 
 import openai
+from app_probes import metric_totals
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -53,25 +54,11 @@ def main() -> None:
         client.close()
     print("calls done")
     if case == "clients":
-        print("metrics:", json.dumps(_points(reader)))
+        print("metrics:", json.dumps(metric_totals(reader)))
 
 
 def _client() -> openai.OpenAI:
     return openai.OpenAI(base_url=os.environ["SIMULATOR_URL"], api_key="sk-test", max_retries=0)
-
-
-def _points(reader: InMemoryMetricReader) -> dict[str, float]:
-    """Per metric: its counter sum, or its histogram count, over every series."""
-    totals: dict[str, float] = {}
-    data = reader.get_metrics_data()
-    for resource in data.resource_metrics if data else ():
-        for scope in resource.scope_metrics:
-            for metric in scope.metrics:
-                for point in metric.data.data_points:
-                    value = getattr(point, "value", None)
-                    count = point.count if value is None else value
-                    totals[metric.name] = totals.get(metric.name, 0) + count
-    return totals
 
 
 if __name__ == "__main__":

@@ -604,11 +604,19 @@ def test_instrumenting_again_with_other_settings_warns_and_keeps_the_first(
             assert [w for w in same if issubclass(w.category, RuntimeWarning)] == []
             with pytest.warns(RuntimeWarning, match="the first settings stay"):
                 SpecDecodeInstrumentor().instrument(mode="enrich")
-            with otel.tracer_provider.get_tracer("app").start_as_current_span("handler"):
-                client.chat.completions.create(model="spec-sim", messages=MESSAGES)
+            call_in_a_handler_span(otel, client)
     finally:
         client.close()
-    # mode="span" still holds: our own child span, not the handler enriched.
+    assert_span_mode_held(otel)
+
+
+def call_in_a_handler_span(otel: Otel, client: openai.OpenAI) -> None:
+    with otel.tracer_provider.get_tracer("app").start_as_current_span("handler"):
+        client.chat.completions.create(model="spec-sim", messages=MESSAGES)
+
+
+def assert_span_mode_held(otel: Otel) -> None:
+    """``mode="span"``: our own child span recorded the call, the handler is not enriched."""
     (ours,) = otel.spans()
     assert ours.attributes[SD_ENGINE] == "vllm"
     (handler,) = [s for s in otel.spans(scope=None) if s.name == "handler"]
@@ -636,13 +644,10 @@ def test_instrumenting_a_client_again_with_other_settings_warns_and_keeps_the_fi
             assert other[0].filename == __file__  # said at the caller's line
             with pytest.raises(TypeError, match="no_such_setting"):
                 instrument_client(client, no_such_setting=True)
-            with otel.tracer_provider.get_tracer("app").start_as_current_span("handler"):
-                client.chat.completions.create(model="spec-sim", messages=MESSAGES)
+            call_in_a_handler_span(otel, client)
     finally:
         client.close()
-    # mode="span" still holds: our own child span, not the handler enriched.
-    (ours,) = otel.spans()
-    assert ours.attributes[SD_ENGINE] == "vllm"
+    assert_span_mode_held(otel)
 
 
 @pytest.mark.parametrize("how", ["instrument", "instrument_client"])

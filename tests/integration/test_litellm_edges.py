@@ -28,6 +28,7 @@ from instrumentation_helpers import (
     request_kwargs,
     spec_decode_attributes,
 )
+from litellm.litellm_core_utils.litellm_logging import Logging
 from litellm.litellm_core_utils.streaming_handler import CustomStreamWrapper
 from litellm.responses.streaming_iterator import BaseResponsesAPIStreamingIterator
 from opentelemetry.trace import StatusCode
@@ -332,6 +333,40 @@ async def test_a_stream_the_caller_drops_ends_not_read_to_end_and_its_call_is_fo
     assert otel.requests_by_outcome() == {"not_read_to_end": 1}
     assert await span_counter.open_after_async(SETTLE) == 0
     assert span_counter.started == 1
+
+
+@pytest.mark.parametrize("route", ["hosted_vllm", "openai"])
+async def test_a_call_cancelled_before_its_answer_is_forgotten(
+    route: str, otel: Otel, span_counter: SpanCounter, simulator_url: str
+) -> None:
+    """``asyncio.wait_for`` running out on ``litellm.acompletion`` before the server
+    answers. LiteLLM 1.110.2 reports no end for it (its ``client`` wrappers report
+    failures from ``except Exception``, utils.py; a cancellation is no ``Exception``), so
+    through either route it stayed open in the callback, holding the caller's context
+    and keeping every openai SDK stream noted, until ``MAX_CALLS`` pushed it out (found
+    by probing LiteLLM under faults). Now it is forgotten once its ``Logging`` object is
+    reclaimed. Through ``openai/`` the openai wrapper's span ends it ``not_read_to_end``;
+    through ``hosted_vllm/`` it gets no span, as README says: an unreported end may as
+    well be the last attempt of a call whose every attempt failed."""
+    request = request_kwargs("vllm", "chat", False, seed_for("cancelled", route))
+    kwargs = litellm_kwargs(route, request, simulator_url)
+    await litellm.acompletion(**kwargs)  # LiteLLM's first call sets up for seconds
+    otel.instrument()
+    before = frozenset(callback_module._calls._started)
+    slow = {"x-sim-fault": "slow", "x-sim-delay-ms": "3000"}  # past the caller's wait
+    kwargs["extra_headers"] = {**kwargs["extra_headers"], **slow}
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(litellm.acompletion(**kwargs), 0.5)
+    assert await calls_closed(before) == 0
+
+    if route == "openai":
+        (span,) = await settled_spans(otel)
+        assert span.attributes["spec_decode.outcome"] == "not_read_to_end"
+        assert span.status.status_code is StatusCode.UNSET
+        assert otel.requests_by_outcome() == {"not_read_to_end": 1}
+    else:
+        assert otel.our_spans() == []
+    assert await span_counter.open_after_async(SETTLE) == 0
 
 
 def finished(chunk: Any) -> bool:
@@ -640,7 +675,8 @@ async def test_uninstrument_puts_back_litellms_stream_finalizer_and_instrument_w
     """Instrumenting wraps ``CustomStreamWrapper.__del__`` (LiteLLM 1.110.2's own,
     litellm/litellm_core_utils/streaming_handler.py) to end the calls of dropped
     streams (and its ``_finalize_completed_stream``, and gives the Responses iterators a
-    ``__del__``); uninstrumenting left it wrapped. Now it is LiteLLM's own again once no
+    ``__del__``, and LiteLLM's ``Logging`` one, for calls cancelled before their answer);
+    uninstrumenting left it wrapped. Now it is LiteLLM's own again once no
     callback of ours is registered, the calls still open are forgotten (nothing ends them
     any more: a stream held across uninstrument gets no span, and keeps no openai SDK
     stream noted), and instrumenting again wraps it again: a stream dropped then ends."""
@@ -648,6 +684,7 @@ async def test_uninstrument_puts_back_litellms_stream_finalizer_and_instrument_w
     assert not litellms_own(CustomStreamWrapper, "__del__")
     assert not litellms_own(CustomStreamWrapper, "_finalize_completed_stream")
     assert "__del__" in vars(BaseResponsesAPIStreamingIterator)
+    assert "__del__" in vars(Logging)  # ends a call cancelled before its answer
     request = request_kwargs("vllm", "chat", True, seed_for("held across uninstrument"))
     held = litellm.completion(**litellm_kwargs("hosted_vllm", request, simulator_url))
     assert next(held)
@@ -658,6 +695,7 @@ async def test_uninstrument_puts_back_litellms_stream_finalizer_and_instrument_w
     assert litellms_own(CustomStreamWrapper, "__del__")
     assert litellms_own(CustomStreamWrapper, "_finalize_completed_stream")
     assert "__del__" not in vars(BaseResponsesAPIStreamingIterator)  # it has none of its own
+    assert "__del__" not in vars(Logging)  # nor has this
     assert integrations.open_litellm_calls() == 0
     assert not callback_module._calls._started
 

@@ -591,6 +591,12 @@ def _watch_dropped_streams(callback: SpecDecodeLiteLLMCallback) -> None:
         except Exception:
             report_internal_error("litellm.watch_streams")
         try:
+            from litellm.litellm_core_utils.litellm_logging import Logging
+
+            _patch(Logging, "__del__", _calling(_call_reclaimed))
+        except Exception:
+            report_internal_error("litellm.watch_calls")
+        try:
             from litellm.responses import streaming_iterator as responses
 
             _responses_iteration = frozenset(
@@ -719,6 +725,33 @@ def _responses_stream_reclaimed(stream: Any) -> None:
         _queue_end(state.get("logging_obj"), sdk_stream=False)
     except Exception as error:
         _report_later(error)
+
+
+def _call_reclaimed(logging_obj: Any) -> None:
+    """In the ``__del__`` of a call's ``Logging`` object, as :func:`_stream_reclaimed`:
+    the call is over, and one still open with its route unknown (no answer logged) is
+    forgotten on the finalizer thread. Such a call was cancelled or interrupted before
+    its answer (``task.cancel()``, ``asyncio.wait_for`` running out, Ctrl-C; LiteLLM
+    1.110.2's ``client`` wrappers report failures from ``except Exception`` only,
+    utils.py), or it is the unreported last attempt of a call whose every attempt failed:
+    which one is not known here, so it gets no span (through ``openai/`` the openai
+    wrapper's span has it). It stayed open, holding the caller's context and keeping
+    every openai SDK stream noted, until ``MAX_CALLS`` pushed it out. A call whose answer
+    was logged is left to its stream's reclaim or LiteLLM's events, which may run later."""
+    try:
+        details = getattr(logging_obj, "model_call_details", None)
+        if open_litellm_calls() and isinstance(details, Mapping):
+            call_id = wire.attempt(details)
+            if call_id is not None:
+                finalizer.defer(functools.partial(_forget_undecided, call_id))
+    except Exception as error:
+        _report_later(error)
+
+
+def _forget_undecided(call_id: wire.Key) -> None:
+    started = _calls.get(call_id)
+    if started is not None and not started.mark.decided:
+        _calls.end(call_id)
 
 
 def _sender_reclaimed(kept: Mapping[str, Any], _sender: Any) -> None:

@@ -29,6 +29,7 @@ import logging
 import math
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -37,8 +38,10 @@ from typing import Any, NamedTuple
 from spec_decode_otel import telemetry as names
 from spec_decode_otel._logging import logger
 from spec_decode_otel._terminal import printable, write_out
+from spec_decode_otel.capture import PROVIDER_SPECIFIC_FIELDS
 from spec_decode_otel.instrumentation.hints import INCLUDE_USAGE, TURN_STATS_ON
 from spec_decode_otel.outcome import Outcome
+from spec_decode_otel.record import MAX_CHOICES
 from spec_decode_otel.sse import decode_json
 
 #: The requests made, by label: what the SDK call adds to model, messages and max_tokens.
@@ -93,6 +96,11 @@ STREAMS_STRIPPED = (
 )
 #: Longest reply (--max-tokens) under which a reply with nothing drafted may just be short.
 SHORT_REPLY = 16
+#: How much of an error page is searched for its text.
+MAX_PAGE_CHARS = 4096
+_MARKUP = re.compile(r"<[^<>]{0,4096}>")
+#: What a gateway or proxy answers when the server behind it does not.
+GATEWAY_ERRORS = {502, 503, 504}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -186,6 +194,8 @@ class _Answer(NamedTuple):
     problem: str | None = None
     foreign: str | None = None
     body: Any = None
+    #: The HTTP status of an error answer.
+    status: int | None = None
 
 
 class _Line(NamedTuple):
@@ -287,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
     outcomes = [line.outcome for line in done] + [Outcome.ERROR.value] * (len(PROBES) - len(done))
     if all(outcome == Outcome.ERROR.value for outcome in outcomes):
         _print("")
-        _print("No call succeeded: check the URL, the model and the key (--header for a gateway).")
+        _print(_none_succeeded(done, args.timeout))
         return 1
     if not WITH_RECORD.intersection(outcomes):
         _print("")
@@ -302,7 +312,10 @@ def run(args: argparse.Namespace) -> int:
             return 1
         bodies = [line.answer.body for line in done if line.answer.body is not None]
         fix = _fix_for(bodies[0] if bodies else None, args.max_tokens)
-        fix = fix or f"To get them, {TURN_STATS_ON}"
+        if fix is None:
+            fix = f"To get them, {TURN_STATS_ON}"
+            if "sglang" not in args.request_engine_stats:
+                fix += "; for SGLang, run check again with --request-engine-stats sglang"
         _print(
             f"No response carried spec-decode stats. {fix} (README: Why is my dashboard empty?)."
         )
@@ -422,7 +435,13 @@ def _request(
         raw.parse()
         body = decode_json(raw.http_response.content)
     except openai.APIStatusError as exc:
-        return _Answer(problem=f"HTTP {exc.status_code}: {str(exc.message)[:MAX_ERROR_CHARS]}")
+        message = str(exc.message)
+        if message == f"Error code: {exc.status_code}":
+            # openai 3 says only a JSON error's message: show what the page says instead
+            # (openai 1 and 2 put the body in the message)
+            message += f" - {_page_text(exc.response)}"
+        problem = f"HTTP {exc.status_code}: {message[:MAX_ERROR_CHARS]}"
+        return _Answer(problem=problem, status=exc.status_code)
     except Exception as exc:  # whatever the server does (older SDKs raise a cut stream's
         # transport error as it is), the command reports it rather than a traceback
         problem = f"{type(exc).__name__}: {exc}"
@@ -447,6 +466,11 @@ def _fix_for(body: Any, max_tokens: int) -> str | None:
     sends null ones without a drafter)."""
     if not isinstance(body, Mapping):
         return None
+    if _premerge_stats_off(body.get("choices")):
+        return (
+            "The server sends a pre-merge vLLM build's per-choice speculative_decoding_stats "
+            "as null: start it with --speculative-config and --per-request-spec-decode-stats"
+        )
     metrics, timings = body.get("metrics"), body.get("timings")
     if ("metrics" in body and metrics is None) or (
         isinstance(metrics, Mapping) and not metrics.get("speculative_decoding")
@@ -468,6 +492,58 @@ def _fix_for(body: Any, max_tokens: int) -> str | None:
             )
         )
     return None
+
+
+def _premerge_stats_off(choices: Any) -> bool:
+    """Whether a choice carries pre-merge vLLM's ``speculative_decoding_stats`` as null,
+    its shape with the stats off; on the choice, or where LiteLLM's proxy moves it."""
+    if not isinstance(choices, list):
+        return False
+    for choice in choices[:MAX_CHOICES]:
+        if not isinstance(choice, Mapping):
+            continue
+        moved = choice.get(PROVIDER_SPECIFIC_FIELDS)
+        for fields in (choice, moved if isinstance(moved, Mapping) else {}):
+            if (
+                "speculative_decoding_stats" in fields
+                and fields["speculative_decoding_stats"] is None
+            ):
+                return True
+    return False
+
+
+def _page_text(response: Any) -> str:
+    """The start of an error page's text, its markup dropped: an nginx 502 page, a
+    sign-in page, a framework's ``{"detail": "Not Found"}``."""
+    try:
+        text = response.text[:MAX_PAGE_CHARS]
+    except Exception:  # an unreadable body: the status says enough
+        return ""
+    return " ".join(_MARKUP.sub(" ", text).split())
+
+
+def _none_succeeded(done: list[_Line], timeout: float) -> str:
+    """The verdict when every call failed: what the failures point at."""
+    statuses = {line.answer.status for line in done}
+    if statuses & GATEWAY_ERRORS:
+        return (
+            "No call succeeded: a gateway or proxy answered for a server behind it that "
+            "is down or unreachable (HTTP 502, 503 or 504): check the inference server, "
+            "and that the gateway routes --model to it."
+        )
+    if statuses == {None} or not done:
+        timed_out = len(done) < len(PROBES) or any(
+            "Timeout" in (line.answer.problem or "") for line in done
+        )
+        if timed_out:
+            return (
+                f"No call was answered within --timeout ({timeout:g} s for the whole "
+                "check): raise it for a slow or busy server, or check the URL."
+            )
+    return (
+        "No call succeeded: check the URL (it usually ends in /v1), the model and the key "
+        "(--header for a gateway)."
+    )
 
 
 def _describe(attributes: Mapping[str, Any]) -> str:

@@ -171,6 +171,88 @@ def test_check_names_vllms_switches_when_its_metrics_carry_no_spec_decoding(
     assert status == 1
 
 
+def test_check_names_pre_merge_vllms_own_switch_when_its_choices_carry_null_stats(
+    simulator_url: str,
+) -> None:
+    """A pre-merge vLLM build with its stats off sends ``speculative_decoding_stats:
+    null`` on every choice (wire-formats.md, pre-merge vLLM; the simulator's
+    ``vllm-premerge`` shape at level none). The verdict named only the merged builds'
+    ``--per-request-spec-decode-metrics``, a flag that build does not have."""
+    status, lines, out = check(
+        simulator_url,
+        "--header",
+        "x-spec-decode-engine: vllm-premerge",
+        "--header",
+        "x-spec-decode-level: none",
+    )
+    assert [lines[p] for p in PROBES] == ["no_stats"] * 3
+    said = " ".join(out.split())
+    assert "pre-merge vLLM build's per-choice speculative_decoding_stats as null" in said
+    assert "--per-request-spec-decode-stats" in said
+    assert TURN_STATS_ON not in said
+    assert status == 1
+
+
+def test_check_on_sglang_without_its_request_field_names_checks_own_flag(
+    simulator_url: str,
+) -> None:
+    """SGLang sends its stats only when the request asks (``return_spec_tokens_details``).
+    The verdict named the Python setting, so running check again the same way gave the
+    same answer; it now names ``--request-engine-stats sglang``, which records all three
+    calls."""
+    _, lines, out = check(simulator_url, "--header", "x-spec-decode-engine: sglang")
+    assert [lines[p] for p in PROBES] == ["no_stats"] * 3
+    assert "run check again with --request-engine-stats sglang" in " ".join(out.split())
+    status, lines, out = check(
+        simulator_url,
+        "--header",
+        "x-spec-decode-engine: sglang",
+        "--request-engine-stats",
+        "sglang",
+    )
+    assert [lines[p].split()[0] for p in PROBES] == ["recorded"] * 3
+    assert "--request-engine-stats sglang" not in out
+    assert status == 0
+
+
+@pytest.mark.parametrize(
+    ("status_code", "content_type", "body", "shown", "verdict"),
+    [
+        (
+            502,
+            "text/html",
+            "<html><head><title>502 Bad Gateway</title></head><body><center>"
+            "<h1>502 Bad Gateway</h1></center><hr><center>nginx</center></body></html>",
+            "502 Bad Gateway 502 Bad Gateway nginx",
+            "a gateway or proxy answered for a server behind it that is down",
+        ),
+        (
+            404,
+            "application/json",
+            json.dumps({"detail": "Not Found"}),
+            '{"detail": "Not Found"}',
+            "check the URL (it usually ends in /v1)",
+        ),
+    ],
+    ids=["nginx-502", "no-v1-404"],
+)
+def test_check_shows_what_an_error_page_says_and_what_it_points_at(
+    status_code: int, content_type: str, body: str, shown: str, verdict: str
+) -> None:
+    """An error answer that is not an OpenAI error object: nginx's page for a server
+    behind it that is down, FastAPI's 404 for a base URL without ``/v1``. openai 3.63
+    keeps only a JSON error's ``message`` in ``exc.message``, so each line said just
+    ``Error code: 502``, and the verdict blamed the URL, the model and the key for a
+    server that was down. (openai 1 and 2 put the body in the message themselves.)"""
+    with canned(status_code, content_type, body) as url:
+        status, lines, out = run_check(url, "--model", "m", "--timeout", "20")
+    for probe in PROBES:
+        assert lines[probe].startswith(f"error             HTTP {status_code}: "), lines[probe]
+        assert shown in lines[probe], lines[probe]
+    assert verdict in " ".join(out.split())
+    assert status == 1
+
+
 def test_check_reports_a_failing_server_without_a_traceback(simulator_url: str) -> None:
     """The server answers HTTP 500 (the simulator's ``http-500`` fault): each call's line
     says so, and the command exits 1, as when nothing has stats."""
@@ -522,5 +604,6 @@ def test_check_against_a_hung_server_stops_at_its_timeout_in_all(trickle: bool) 
     for probe in PROBES:
         found = re.search(rf"^  {re.escape(probe)}\s+error\s+\S", out, re.M)
         assert found, out
-    assert "No call succeeded" in out
+    assert "No call was answered within --timeout (4 s for the whole check)" in out
+    assert "raise it" in out
     assert proc.returncode == 1

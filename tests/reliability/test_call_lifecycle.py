@@ -641,6 +641,34 @@ def test_a_forked_child_dropping_its_copy_of_the_parents_stream_ends_nothing(
     assert requests_by_outcome(otel) == {"recorded": 1}
 
 
+@pytest.mark.parametrize("how", ["close", "with-exit"])
+def test_a_forked_child_closing_its_copy_of_the_parents_stream_ends_nothing(
+    otel: Otel, openai_client: openai.OpenAI, how: str
+) -> None:
+    """The child closes the inherited stream (``close()``, or leaving the parent's
+    ``with`` block, as a worker that exits does) instead of dropping it. Only the
+    reclaim and exit paths checked the process, so the child ended the parent's call as
+    ``not_read_to_end`` and exported the parent's span id; the parent then exported it
+    again (found by a helper, 3 of 3 runs)."""
+    with instrumented(otel):
+        inherited = openai_client.chat.completions.create(**chat(29))
+        next(inherited)
+
+        def child() -> str:
+            ended = otel.counter.ended
+            if how == "close":
+                inherited.close()
+            else:
+                with inherited:
+                    pass
+            return f"{otel.counter.ended - ended} {requests_by_outcome(otel)}"
+
+        assert forked(child)() == (0, "0 {}")
+        list(inherited)
+    assert only_span(otel).attributes[SD_OUTCOME] == "recorded"
+    assert requests_by_outcome(otel) == {"recorded": 1}
+
+
 GEVENT_APP = """
 import gc, sys, faulthandler
 faulthandler.dump_traceback_later(30, exit=True)

@@ -190,7 +190,11 @@ class Call:
         """Run ``end`` unless the call has ended; a failure still ends our span. So does
         what is no failure of ours (Ctrl-C, ``sys.exit()`` from a log handler or span
         processor it calls), which then goes on to the caller: the call counts as ended
-        from here on, so nothing else would end the span."""
+        from here on, so nothing else would end the span. A forked child's copy of the
+        parent's call (a stream it inherited and closes or reads) is the parent's to end:
+        ending it here too would export the parent's span twice."""
+        if self.pid != os.getpid():
+            return
         with self._lock:
             if self._done:
                 return

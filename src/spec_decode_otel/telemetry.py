@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from opentelemetry import metrics
@@ -98,8 +98,15 @@ OVERFLOW_VALUE = "_OTHER"
 #: combination has the server's values folded into ``OVERFLOW_VALUE`` and keeps the rest.
 MAX_SERIES = 500
 MAX_POINTS = 1500
+#: Attribute sets kept past those limits with the server's values folded. The caller's
+#: values multiply too (request models times servers times ports times tenants, each
+#: bounded on its own); past this room a new set keeps only ``OWN_VALUES``.
+FOLDED_ROOM = 300
 #: The metric attributes whose values the server chooses.
 SERVER_CHOSEN = frozenset({GEN_AI_RESPONSE_MODEL, SD_NUM_SPEC_TOKENS, SD_ACCEPTED, SD_POSITION})
+#: The metric attributes whose values come from a small set this package (or an adapter)
+#: defines: never folded.
+OWN_VALUES = frozenset({GEN_AI_OPERATION_NAME, GEN_AI_PROVIDER_NAME, SD_ENGINE, SD_OUTCOME})
 
 
 def record_attributes(
@@ -153,8 +160,7 @@ class _Totals:
 
     def add(self, key: AttributeKey, value: int) -> None:
         with self._lock:
-            if key not in self._sums and len(self._sums) >= MAX_POINTS:
-                key = tuple(_server_values_folded(key))
+            key = _admitted(key, self._sums, MAX_POINTS)
             self._sums[key] = min(self._sums.get(key, 0) + value, MAX_COUNT)
 
     def observe(self, _options: CallbackOptions) -> Iterable[Observation]:
@@ -163,10 +169,17 @@ class _Totals:
         return [Observation(value, dict(key)) for key, value in snapshot]
 
 
-def _server_values_folded(items: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
-    """``items`` with the values the server chose (``SERVER_CHOSEN``) reported as
-    ``OVERFLOW_VALUE``, in the same order."""
-    return ((k, OVERFLOW_VALUE if k in SERVER_CHOSEN else v) for k, v in items)
+def _admitted(key: AttributeKey, kept: Collection[AttributeKey], limit: int) -> AttributeKey:
+    """The attribute set to report ``key`` under, given the sets ``kept`` so far: ``key``
+    itself below ``limit`` sets; then with the server's values folded into
+    ``OVERFLOW_VALUE``, below ``limit + FOLDED_ROOM``; then with every value but
+    ``OWN_VALUES`` folded, of which there are few."""
+    if key in kept or len(kept) < limit:
+        return key
+    folded = tuple((k, OVERFLOW_VALUE if k in SERVER_CHOSEN else v) for k, v in key)
+    if folded in kept or len(kept) < limit + FOLDED_ROOM:
+        return folded
+    return tuple((k, v if k in OWN_VALUES else OVERFLOW_VALUE) for k, v in key)
 
 
 def _key(attrs: Mapping[str, Any]) -> AttributeKey:
@@ -235,8 +248,9 @@ class SpecDecodeInstruments:
     def series(
         self, attrs: Mapping[str, Any], record: SpecDecodeAcceptanceRecord | None
     ) -> dict[str, Any]:
-        """A call's metric attributes plus the record's engine and k (bounded), with the
-        server's values folded past ``MAX_SERIES``."""
+        """A call's metric attributes plus the record's engine and k (bounded), folded past
+        ``MAX_SERIES`` sets (:func:`_admitted`). Without a record: the call's GenAI
+        client metrics' attributes."""
         series = dict(attrs)
         if record is not None:
             series[SD_ENGINE] = self.bound(SD_ENGINE, record.engine)
@@ -244,10 +258,9 @@ class SpecDecodeInstruments:
                 series[SD_NUM_SPEC_TOKENS] = self.bound(SD_NUM_SPEC_TOKENS, record.num_spec_tokens)
         key = _key(series)
         with self._bounded_lock:
-            if key in self._series or len(self._series) < MAX_SERIES:
-                self._series.add(key)
-                return series
-        return dict(_server_values_folded(series.items()))
+            admitted = _admitted(key, self._series, MAX_SERIES)
+            self._series.add(admitted)
+        return series if admitted is key else dict(admitted)
 
     def record(
         self,

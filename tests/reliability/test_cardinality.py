@@ -29,6 +29,7 @@ from spec_decode_otel.instrumentation.genai_metrics import (
 )
 from spec_decode_otel.record import MAX_SPEC_TOKENS
 from spec_decode_otel.telemetry import (
+    FOLDED_ROOM,
     GEN_AI_REQUEST_MODEL,
     GEN_AI_RESPONSE_MODEL,
     M_ACCEPTANCE_LENGTH,
@@ -46,6 +47,8 @@ from spec_decode_otel.telemetry import (
     SD_ACCEPTED,
     SD_NUM_SPEC_TOKENS,
     SD_POSITION,
+    SERVER_ADDRESS,
+    SERVER_PORT,
 )
 
 CALLS = int(os.environ.get("SPEC_DECODE_OTEL_CARDINALITY_CALLS", "10000"))
@@ -224,4 +227,55 @@ def test_combinations_a_server_chooses_stay_under_the_sdk_limit() -> None:
     # Folded, not dropped: every request and every verify step is still counted.
     assert otel.histogram_count(M_ACCEPTANCE_LENGTH) == 40 * 20 + 1
     assert otel.counter_total(M_VERIFY_STEPS) == steps_sent
+    otel.shutdown()
+
+
+def test_combinations_the_caller_makes_stay_under_the_sdk_limit() -> None:
+    """The caller's values multiply too: 60 servers times 60 request models (each
+    attribute well under its bound), then one host on 300 ports (model servers started
+    with ``--port 0``). ``server.port`` had no bound of its own, and past ``MAX_SERIES`` /
+    ``MAX_POINTS`` only the server's values folded, so every new combination was a new
+    set: 2,001 sets per metric, the SDK's overflow series among them, and the counters'
+    sums grew by one entry per combination without end (found by a helper: +97 MB for
+    10,000 ports). Past the folded room a new combination keeps only this package's own
+    values (operation, provider, engine, outcome)."""
+    otel = Otel(keep_spans=False)
+    client = mock_client(inventive_server)
+    calls = 0
+    try:
+        with instrumented(otel, genai_metrics=True):
+            for host in range(60):
+                at = client.with_options(base_url=f"http://vllm-{host}.internal:8000/v1")
+                for model in range(60):
+                    at.chat.completions.create(
+                        model=f"model-{model}",
+                        messages=canary_messages(),
+                        extra_headers={"x-k": "3", "x-steps": "0,1,2,3"},
+                    )
+                    calls += 1
+            for port in range(300):
+                at = client.with_options(base_url=f"http://127.0.0.1:{20000 + port}/v1")
+                at.chat.completions.create(
+                    model="m",
+                    messages=canary_messages(),
+                    extra_headers={"x-k": "3", "x-steps": "1"},
+                )
+                calls += 1
+    finally:
+        client.close()
+    census = attribute_census(otel)
+    for name, (sets, values) in census.items():
+        assert "otel.metric.overflow" not in values, name
+        assert len(values[SERVER_PORT]) <= BOUNDED, (name, len(values[SERVER_PORT]))
+        assert OVERFLOW_VALUE in values[SERVER_ADDRESS], name
+        assert sets <= MAX_POINTS + FOLDED_ROOM + 2 * POSITIONS, (name, sets)
+    for name in (M_ACCEPTANCE_LENGTH, M_OPERATION_DURATION):
+        assert census[name][0] <= MAX_SERIES + FOLDED_ROOM + 1, (name, census[name][0])
+    requests = otel.points(M_REQUESTS)
+    assert "otel.metric.overflow" not in {k for p in requests for k in p.attributes}
+    assert len(requests) <= MAX_POINTS + FOLDED_ROOM + 1
+    # Folded, not dropped: every call is still counted.
+    assert otel.counter_total(M_REQUESTS) == calls
+    assert otel.histogram_count(M_ACCEPTANCE_LENGTH) == calls
+    assert otel.histogram_count(M_OPERATION_DURATION) == calls
     otel.shutdown()

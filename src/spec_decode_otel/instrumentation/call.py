@@ -300,7 +300,7 @@ class Call:
         instruments.count_request(outcome, series)
         if plan.genai_metrics is not None:
             plan.genai_metrics.record(
-                call_series,
+                instruments.series(call_series, None),
                 context,
                 duration=ended - self.started,
                 time_to_first_chunk=first_chunk,

@@ -177,7 +177,7 @@ class Instrumentation:
                 metric_attrs[key] = bound(key, value)
         if port is not None:
             span_attrs[SERVER_PORT] = port
-            metric_attrs[SERVER_PORT] = port
+            metric_attrs[SERVER_PORT] = bound(SERVER_PORT, port)
         for key in settings.metric_attributes:
             if key in user:
                 metric_attrs[key] = bound(key, user[key])

@@ -30,9 +30,11 @@ import math
 import os
 import queue
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from importlib.metadata import entry_points
 from typing import Any, NamedTuple
 
 from spec_decode_otel import telemetry as names
@@ -233,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
     # those spans, and the SDK's providers read them when built.
     for name in [name for name in os.environ if name.startswith("OTEL_")]:
         del os.environ[name]
+    _undo_auto_instrumentation()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     hints = _Hints()
@@ -321,6 +324,24 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _undo_auto_instrumentation() -> None:
+    """Uninstrument what ``opentelemetry-instrument`` (or the OTel Operator's injected
+    auto-instrumentation) instrumented in this process before the command ran: the
+    process-wide instrumentor would take the requests from the check's own client, and
+    openai-v2's span would get our attributes instead, so the check's spans were
+    exported and its lines all said ``none``. An instrumentor whose module was never
+    imported instrumented nothing."""
+    for entry in entry_points(group="opentelemetry_instrumentor"):
+        if entry.module not in sys.modules:
+            continue
+        try:
+            instrumentor = entry.load()()
+            if instrumentor.is_instrumented_by_opentelemetry:
+                instrumentor.uninstrument()
+        except Exception:  # an instrumentor that cannot be undone: the check goes on
+            logger.debug("could not uninstrument %s", entry.name, exc_info=True)
 
 
 class AnswerTooLarge(Exception):

@@ -143,8 +143,10 @@ def run(args: argparse.Namespace) -> int:
     )
     records = io.StringIO()
     # The summary is computed from the spans, so every call's must be sampled, whatever
-    # sampler the shell names for its applications (setup()'s TracerProvider reads it).
+    # sampler the shell names for its applications (setup()'s TracerProvider reads it),
+    # and the SDK must not be a no-op.
     os.environ["OTEL_TRACES_SAMPLER"] = "always_on"
+    os.environ.pop("OTEL_SDK_DISABLED", None)
     providers = setup(
         "spec-decode-otel-demo",
         span_processors=[RecordsFileProcessor(records)],

@@ -250,8 +250,9 @@ def test_check_says_why_it_could_not_connect(base_url: str, says: str) -> None:
     [
         {"OTEL_TRACES_SAMPLER": "always_off"},
         {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"},
+        {"OTEL_SDK_DISABLED": "true"},
     ],
-    ids=["always-off", "ratio"],
+    ids=["always-off", "ratio", "sdk-disabled"],
 )
 def test_the_demo_summarizes_every_call_whatever_sampler_the_shell_names(
     env: dict[str, str],
@@ -260,8 +261,10 @@ def test_the_demo_summarizes_every_call_whatever_sampler_the_shell_names(
     TracerProvider takes its sampler from ``OTEL_TRACES_SAMPLER`` (SDK 1.45): run where
     an application's sampling is configured, it printed "no calls" and exited 1
     (``always_off``), or a summary of the sampled quarter as if it were every call
-    ("calls to llama-3.1-8b-eagle3: 3   recorded 3 (100%)" for 16 requests). The summary
-    counts every request sent."""
+    ("calls to llama-3.1-8b-eagle3: 3   recorded 3 (100%)" for 16 requests). So did
+    ``OTEL_SDK_DISABLED=true``, under which the SDK's providers are no-ops (found by a
+    helper: "no calls", exit 1, all 8 calls answered). The summary counts every request
+    sent."""
     done = subprocess.run(
         [sys.executable, "-m", "spec_decode_otel", "demo", "--requests", "8", "--no-progress"],
         env=clean_env(**env),

@@ -22,6 +22,13 @@ from spec_decode_otel.sse import LINE_END, SseSplitter
 #: far beyond any real response or stream capture).
 MAX_TEXT_BYTES = 64 * 1024 * 1024
 
+#: Payloads (bodies, chunks, events) decoded from one input at most: a stream of 128k
+#: tokens has about as many chunks, while 64 MiB of ``{}`` lines would be 22 million,
+#: each decoded, kept and detected.
+MAX_PAYLOADS = 262_144
+#: How much of an SSE capture is split into events at a time.
+_SSE_SLICE = 1024 * 1024
+
 #: What an SSE capture's first line starts with (a JSON body or JSON lines never do).
 _SSE_FIELDS = ("data:", "event:", "id:", ":", "retry:")
 
@@ -95,7 +102,9 @@ def parse_payloads(text: str) -> list[Any]:
             whole = json.loads(stripped)
         except json.JSONDecodeError:
             return _parse_json_lines(stripped)
-        return whole if isinstance(whole, list) else [whole]
+        payloads = whole if isinstance(whole, list) else [whole]
+        _check_count(payloads)
+        return payloads
     except RecursionError:  # json raises it for deeply nested arrays/objects
         raise ValueError("JSON nested too deeply") from None
 
@@ -103,28 +112,45 @@ def parse_payloads(text: str) -> list[Any]:
 def _parse_json_lines(text: str) -> list[Any]:
     """One JSON value per line; a line ends as an SSE line does
     (:data:`~spec_decode_otel.sse.LINE_END`)."""
-    payloads = []
-    for number, line in enumerate(LINE_END.split(text), 1):
-        if line.strip():
-            try:
-                payloads.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"line {number} is not JSON: {exc.msg}") from None
+    payloads: list[Any] = []
+    start = number = 0
+    for number, end in enumerate(LINE_END.finditer(text), 1):
+        _add_line(payloads, number, text[start : end.start()])
+        start = end.end()
+    _add_line(payloads, number + 1, text[start:])
     return payloads
+
+
+def _add_line(payloads: list[Any], number: int, line: str) -> None:
+    if line.strip():
+        try:
+            payloads.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"line {number} is not JSON: {exc.msg}") from None
+        _check_count(payloads)
+
+
+def _check_count(payloads: list[Any]) -> None:
+    if len(payloads) > MAX_PAYLOADS:
+        raise ValueError(f"more than {MAX_PAYLOADS:,} payloads")
 
 
 def _parse_sse(text: str) -> list[Any]:
     """The JSON data of each event, read as the instrumentation reads a raw stream
     (:class:`~spec_decode_otel.sse.SseSplitter`): the last event needs no blank line
     after it here, since a saved capture often ends without one."""
-    payloads = []
-    for event in SseSplitter().feed(text + "\n\n"):
-        if event.strip() == "[DONE]":
-            continue
-        try:
-            payloads.append(json.loads(event))
-        except (ValueError, RecursionError):  # not JSON, an int past the digit limit, too deep
-            logger.debug("skipping an SSE event whose data is not JSON")
+    payloads: list[Any] = []
+    splitter = SseSplitter()
+    text += "\n\n"
+    for at in range(0, len(text), _SSE_SLICE):
+        for event in splitter.feed(text[at : at + _SSE_SLICE]):
+            if event.strip() == "[DONE]":
+                continue
+            try:
+                payloads.append(json.loads(event))
+            except (ValueError, RecursionError):  # not JSON, past the digit limit, too deep
+                logger.debug("skipping an SSE event whose data is not JSON")
+            _check_count(payloads)
     if not payloads:
         raise ValueError("no JSON data events in SSE input")
     return payloads

@@ -13,7 +13,7 @@ import pytest
 from record_json import dump_like
 from spec_decode_otel import record_from_text
 from spec_decode_otel.cli import main as cli_main
-from spec_decode_otel.payloads import parse_payloads
+from spec_decode_otel.payloads import MAX_PAYLOADS, parse_payloads
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 PAYLOADS = DATA / "payloads"
@@ -291,6 +291,40 @@ def test_an_input_that_never_ends_is_refused_past_the_bound():
     assert (
         done.stderr.strip() == "spec-decode-otel parse: cannot read /dev/zero: larger than 64 MiB"
     )
+
+
+@pytest.mark.parametrize(
+    ("form", "line"), [("json-lines", "{}\n"), ("sse", "data: {}\n\n")], ids=["jsonl", "sse"]
+)
+def test_a_capture_of_millions_of_tiny_payloads_is_refused_at_the_payload_bound(
+    tmp_path, form, line
+):
+    """64 MiB of ``{}`` lines is 22 million payloads: each line was split off, decoded,
+    kept and run through detection, 3.5 GB and 224 s for the CLI (found by a helper).
+    Lines and events are now read one at a time and counted, and past ``MAX_PAYLOADS``
+    the input is refused. Run under a 1 GiB address-space limit, which the old way
+    broke."""
+    capture = tmp_path / f"tiny.{form}"
+    capture.write_text(line * ((64 << 20) // len(line) - 1))
+    script = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+        "from spec_decode_otel.cli import main\n"
+        f"sys.exit(main(['parse', {str(capture)!r}]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().endswith(f"more than {MAX_PAYLOADS:,} payloads")
+
+
+def test_a_capture_at_the_payload_bound_is_read():
+    """The bound leaves room for a stream of 128k tokens, one chunk each."""
+    assert len(parse_payloads("{}\n" * MAX_PAYLOADS)) == MAX_PAYLOADS
+    assert len(parse_payloads("data: {}\n\n" * MAX_PAYLOADS)) == MAX_PAYLOADS
+    with pytest.raises(ValueError, match="payloads"):
+        parse_payloads("[" + ",".join(["{}"] * (MAX_PAYLOADS + 1)) + "]")
 
 
 @pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16"])

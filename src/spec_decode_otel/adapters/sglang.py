@@ -27,10 +27,12 @@ TokenSpeed (SGLang-derived, PR lightseekorg/tokenspeed#1443) sends ``spec_verify
 ``spec_accepted_tokens`` (bonus excluded, as in SGLang) and ``spec_draft_tokens`` in
 ``meta_info``; its records say ``engine="tokenspeed"``.
 
-A request with no verify step (one token, from the prefill) has a record of 0 steps, as
-vLLM's and SGLang's ``sglext`` zeros give. TokenSpeed sends ``spec_verify_ct: 0`` alone
-then, and SGLang before 0.5 ``spec_verify_ct: 0`` with its two floats at 0 (both set
-their counts only when a step ran): the counts are 0, not missing.
+A request with no verify step (one token, from the prefill) has a record of 0 steps when
+the engine sends one: TokenSpeed sends ``spec_verify_ct: 0`` alone then, and SGLang before
+0.5 ``spec_verify_ct: 0`` with its two floats at 0 (both set their counts only when a
+step ran): the counts are 0, not missing. SGLang 0.5.23 sends no spec keys and so no
+``sglext`` then (``tokenizer_manager.py`` ``_calculate_spec_decoding_metrics``): no
+record.
 """
 
 from __future__ import annotations

@@ -552,6 +552,17 @@ def _none_succeeded(done: list[_Line], timeout: float) -> str:
             "is down or unreachable (HTTP 502, 503 or 504): check the inference server, "
             "and that the gateway routes --model to it."
         )
+    if 429 in statuses:
+        return (
+            "No call succeeded: the server or a gateway in front of it is rate-limiting "
+            "(HTTP 429): run check again later, or with a key whose limit allows it."
+        )
+    if statuses & {401, 403}:
+        return (
+            "No call succeeded: the server or a gateway refused the credentials (HTTP 401 "
+            "or 403): check --api-key (default $OPENAI_API_KEY) and any header the "
+            "gateway needs (--header)."
+        )
     if statuses == {None} or not done:
         timed_out = len(done) < len(PROBES) or any(
             "Timeout" in (line.answer.problem or "") for line in done

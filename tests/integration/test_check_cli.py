@@ -234,8 +234,22 @@ def test_check_on_sglang_without_its_request_field_names_checks_own_flag(
             '{"detail": "Not Found"}',
             "check the URL (it usually ends in /v1)",
         ),
+        (
+            429,
+            "application/json",
+            json.dumps({"error": {"message": "Rate limit reached", "type": "rate_limit"}}),
+            "Rate limit reached",
+            "is rate-limiting (HTTP 429)",
+        ),
+        (
+            403,
+            "text/html",
+            "<html><body><h1>Forbidden</h1><p>sign in at https://sso.example.com</p></body></html>",
+            "Forbidden sign in at https://sso.example.com",
+            "refused the credentials (HTTP 401 or 403): check --api-key",
+        ),
     ],
-    ids=["nginx-502", "no-v1-404"],
+    ids=["nginx-502", "no-v1-404", "rate-limited-429", "sso-403"],
 )
 def test_check_shows_what_an_error_page_says_and_what_it_points_at(
     status_code: int, content_type: str, body: str, shown: str, verdict: str
@@ -244,7 +258,9 @@ def test_check_shows_what_an_error_page_says_and_what_it_points_at(
     behind it that is down, FastAPI's 404 for a base URL without ``/v1``. openai 3.63
     keeps only a JSON error's ``message`` in ``exc.message``, so each line said just
     ``Error code: 502``, and the verdict blamed the URL, the model and the key for a
-    server that was down. (openai 1 and 2 put the body in the message themselves.)"""
+    server that was down. (openai 1 and 2 put the body in the message themselves.) A
+    rate limit (429) and refused credentials (an SSO page's 403) get verdicts of their
+    own."""
     with canned(status_code, content_type, body) as url:
         status, lines, out = run_check(url, "--model", "m", "--timeout", "20")
     for probe in PROBES:

@@ -13,6 +13,7 @@ import typing
 from typing import Any
 
 import openai
+import pydantic
 import pytest
 from instrumentation_helpers import (
     MESSAGES,
@@ -222,6 +223,55 @@ async def test_chat_completions_parse_is_recorded(
     assert isinstance(ours, openai.types.chat.ParsedChatCompletion)
     assert dumps_without_volatile([ours]) == dumps_without_volatile([bare])
     assert_span_has_record_of(otel, raw_payload(simulator_url, "chat", kwargs))
+
+
+class _Answer(pydantic.BaseModel):
+    verdict: str
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_parse_that_fails_on_a_streaming_response_ends_as_the_plain_parse_does(
+    mode: str, otel: Otel, openai_client: Any, async_openai_client: Any
+) -> None:
+    """``parse()`` with a ``response_format`` the content does not meet (the simulator's
+    filler text is no JSON object): the SDK raises, on the plain client and on
+    ``with_streaming_response`` alike. The plain call's span says ``error``; the
+    streaming response's said ``not_read_to_end`` (``read_to_end`` false, no
+    ``error.type``), though the SDK had read the whole body: only a parse that returned
+    ended its call, so the block's exit took it for a body left unread (found by a
+    helper). Now the same error ends both."""
+    kwargs = {**kwargs_for(False, seed=34), "response_format": _Answer}
+
+    async def plain() -> None:
+        if mode == "sync":
+            openai_client.chat.completions.parse(**kwargs)
+        else:
+            await async_openai_client.chat.completions.parse(**kwargs)
+
+    async def streaming() -> None:
+        if mode == "sync":
+            with openai_client.chat.completions.with_streaming_response.parse(**kwargs) as r:
+                r.parse()
+        else:
+            client = async_openai_client.chat.completions.with_streaming_response
+            async with client.parse(**kwargs) as r:
+                await r.parse()
+
+    otel.instrument()
+    ends = []
+    for call in (plain, streaming):
+        with pytest.raises(pydantic.ValidationError):
+            await call()
+        span = otel.spans()[-1]
+        ends.append(
+            (
+                span.status.status_code,
+                span.attributes.get("error.type"),
+                span.attributes["spec_decode.outcome"],
+                span.attributes.get("spec_decode.read_to_end"),
+            )
+        )
+    assert ends == [(StatusCode.ERROR, "ValidationError", "error", None)] * 2
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

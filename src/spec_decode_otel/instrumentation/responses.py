@@ -324,6 +324,13 @@ class _RawResponseProxy(CopiedLikeTheSdk):
         self._self_call.finish_dict(body)
         return body
 
+    def _failed(self, error: BaseException) -> None:
+        """The user's ``parse()`` or ``json()`` raised (the content fails their
+        ``response_format``, the body is not JSON, the connection broke): the call ends
+        with that error, as the same ``parse()`` on the plain client does, not as a body
+        left unread."""
+        self._self_call.finish_error(error)
+
     def _raw_body(self) -> RawBody:
         state = self._self_state
         if state.raw is None:
@@ -372,7 +379,12 @@ class SyncRawResponseProxy(_RawResponseProxy):
     """Wraps ``LegacyAPIResponse`` (``with_raw_response``) whose body the user parses later."""
 
     def parse(self, *args: Any, **kwargs: Any) -> Any:
-        return self._observe_parsed(self.__wrapped__.parse(*args, **kwargs))
+        try:
+            parsed = self.__wrapped__.parse(*args, **kwargs)
+        except BaseException as exc:
+            self._failed(exc)
+            raise
+        return self._observe_parsed(parsed)
 
 
 class SyncStreamedResponseProxy(SyncRawResponseProxy):
@@ -380,7 +392,12 @@ class SyncStreamedResponseProxy(SyncRawResponseProxy):
     ``close()`` and the raw reads, which ``LegacyAPIResponse`` does not have."""
 
     def json(self, *args: Any, **kwargs: Any) -> Any:
-        return self._observe_json(self.__wrapped__.json(*args, **kwargs))
+        try:
+            body = self.__wrapped__.json(*args, **kwargs)
+        except BaseException as exc:
+            self._failed(exc)
+            raise
+        return self._observe_json(body)
 
     def close(self) -> None:
         try:
@@ -439,10 +456,20 @@ class AsyncRawResponseProxy(_RawResponseProxy):
     ``iter_bytes()``/``iter_text()``/``iter_lines()``)."""
 
     async def parse(self, *args: Any, **kwargs: Any) -> Any:
-        return self._observe_parsed(await self.__wrapped__.parse(*args, **kwargs))
+        try:
+            parsed = await self.__wrapped__.parse(*args, **kwargs)
+        except BaseException as exc:
+            self._failed(exc)
+            raise
+        return self._observe_parsed(parsed)
 
     async def json(self, *args: Any, **kwargs: Any) -> Any:
-        return self._observe_json(await self.__wrapped__.json(*args, **kwargs))
+        try:
+            body = await self.__wrapped__.json(*args, **kwargs)
+        except BaseException as exc:
+            self._failed(exc)
+            raise
+        return self._observe_json(body)
 
     async def close(self) -> None:
         try:

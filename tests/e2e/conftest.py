@@ -327,11 +327,16 @@ def variable_query(variable: dict[str, Any]) -> tuple[str, str]:
 
 
 #: Grafana's own variables as the e2e tests send them: a 10-minute range, and the
-#: $__rate_interval of the provisioned datasource's 1m timeInterval (at least 4 x).
-GRAFANA_VARIABLES = {"__range": "10m", "__rate_interval": "5m", "__interval": "15s"}
+#: $__rate_interval and $__interval of the provisioned datasource's 1m timeInterval (at
+#: least 4 x, and at least 1 x).
+GRAFANA_VARIABLES = {"__range": "10m", "__rate_interval": "5m", "__interval": "1m"}
 #: A dashboard variable in a query: ``$name``, ``${name}`` / ``${name:format}``, or the
-#: deprecated ``[[name]]`` (one group per form, the name in it).
-VARIABLE_REFERENCE = re.compile(r"\$\{(\w+)(?::[^}]*)?\}|\$(\w+)|\[\[(\w+)(?::[^\]]*)?\]\]")
+#: deprecated ``[[name]]`` (one group per form, the name in it). ``$1`` is not one: it is
+#: a regex group in ``label_replace``'s replacement, which Grafana sends as is since no
+#: variable has that name (``TemplateSrv.replace`` leaves an unknown name's match).
+VARIABLE_REFERENCE = re.compile(
+    r"\$\{(\w+)(?::[^}]*)?\}|\$([A-Za-z_]\w*)|\[\[(\w+)(?::[^\]]*)?\]\]"
+)
 
 
 def all_selected(**chosen: str) -> dict[str, str]:

@@ -833,6 +833,67 @@ def test_acceptance_length_quantiles_resolve_drafts_up_to_64_tokens(
     assert ACCEPTANCE_LENGTH_BUCKETS[-1] >= MAX_DRAFT_POSITIONS + 1
 
 
+@pytest.mark.parametrize(
+    ("title", "label"),
+    [
+        ("Acceptance rate by draft position (selected range)", "spec_decode_position"),
+        ("Verify steps by number of accepted drafts (selected range)", "spec_decode_accepted"),
+    ],
+)
+def test_position_panels_order_draft_positions_as_numbers(
+    e2e_stack: Stack, prom: httpx.Client, title: str, label: str
+) -> None:
+    """The two bar charts over draft positions sorted their rows by the position label,
+    a string: Grafana's sortBy compares strings with ``localeCompare``
+    (``fieldComparers.ts``), so with k = 12 the bars read 0, 1, 10, 11, 2, ... and the drop
+    the panel is meant to show was scrambled (found by a helper). Each query now adds a
+    hidden ``order`` label, two digits (``_OTHER``: ``z``), which sorts as the number
+    does. Through the real SDK, collector and Prometheus, with k = 12 and a k = 70 request
+    whose positions past 63 fold into ``_OTHER``."""
+    from spec_decode_otel.record import SpecDecodeAcceptanceRecord
+
+    service = f"sdo-e2e-positions-{uuid.uuid4().hex[:8]}"
+    histogram = dict.fromkeys(range(13), 1)
+    k12 = SpecDecodeAcceptanceRecord(
+        engine="vllm",
+        mean_acceptance_length=7.0,
+        draft_acceptance_rate=0.5,
+        acceptance_histogram=histogram,
+        num_accepted_draft_tokens=78,
+        num_draft_tokens=156,
+        num_spec_steps=13,
+        num_spec_tokens=12,
+    )
+    k70 = SpecDecodeAcceptanceRecord(
+        engine="vllm",
+        mean_acceptance_length=67.0,
+        draft_acceptance_rate=66 / 70,
+        acceptance_histogram={66: 1},
+        num_accepted_draft_tokens=66,
+        num_draft_tokens=70,
+        num_spec_steps=1,
+        num_spec_tokens=70,
+    )
+    attrs = {"gen_ai.request.model": "m", "server.address": "vllm-0"}
+    _export_records(
+        e2e_stack,
+        prom,
+        service,
+        [(k12, attrs), (k70, attrs)],
+        settled=(f'sum(spec_decode_verify_steps_total{{job="{service}"}})', 14),
+    )
+    ((_, panel, target),) = [(r, p, t) for r, p, t in dashboard_targets() if p["title"] == title]
+    sort, hide = panel["transformations"]
+    assert sort == {"id": "sortBy", "options": {"sort": [{"field": "order"}]}}
+    assert hide["id"] == "organize" and hide["options"]["excludeByName"]["order"] is True
+    rows = prom_query(prom, substitute(as_totals(target["expr"]), _all_of(service)))
+    keys = [(row["metric"]["order"], row["metric"][label]) for row in rows]
+    shown = [value for _, value in sorted(keys)]  # digits and "z": any collation agrees
+    numbers = sorted(int(v) for v in shown if v != "_OTHER")
+    assert shown == [str(n) for n in numbers] + ["_OTHER"]
+    assert numbers[-1] >= 12 and len(numbers) >= 13
+
+
 #: Calls from one service to each of two vLLM servers on one host: (calls answered with
 #: statistics, streams made without include_usage, which vLLM answers without them).
 TWO_PORTS_CALLS = {"a": (4, 0), "b": (2, 3)}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import os
 import time
 import types
@@ -830,3 +831,58 @@ async def test_mock_responses_reach_no_server_and_get_no_span(
     assert span.attributes["spec_decode.outcome"] == "recorded"
     assert span.attributes["server.port"] == int(simulator_url.rsplit(":", 1)[1].split("/")[0])
     assert otel.requests_by_outcome() == {"recorded": 1}
+
+
+class ManyChoices(Relay):
+    """Answers a stream with one chunk of 200 finished choices, as a server ignoring
+    ``n`` or a hostile one may."""
+
+    def forward(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, bytes]:
+        choices = [
+            {"index": i, "delta": {"content": "x"}, "finish_reason": "stop"} for i in range(200)
+        ]
+        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": MODEL}
+        events = f"data: {json.dumps({**chunk, 'choices': choices})}\n\ndata: [DONE]\n\n"
+        return 200, "text/event-stream", events.encode()
+
+
+async def test_a_stream_litellm_reads_itself_keeps_at_most_16_finish_reasons(
+    otel: Otel, simulator_url: str
+) -> None:
+    """``gen_ai.response.finish_reasons`` is bounded (SECURITY.md: at most 16 on a
+    stream); the openai wrapper's stream observer kept that bound, but the list a
+    ``hosted_vllm/`` stream's end built from LiteLLM's rebuilt chunk had one entry per
+    choice (200 here; found by a helper). The bound is now kept where the span is
+    written, for every path."""
+    otel.instrument()
+    request = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with ManyChoices(simulator_url) as relay:
+        stream = await litellm.acompletion(**litellm_kwargs("hosted_vllm", request, relay.url))
+        [chunk async for chunk in stream]
+    (span,) = await settled_spans(otel)
+    assert 0 < len(span.attributes["gen_ai.response.finish_reasons"]) <= 16
+
+
+async def test_a_body_litellm_logged_is_decoded_once(
+    otel: Otel, simulator_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The callback read a non-streamed ``hosted_vllm/`` answer from the body text
+    LiteLLM logged, decoding it once to see that it was one and again to record it: two
+    decodes of every body, each 30-50 ms per MiB of container-dense JSON (found by a
+    helper). The record is made from the first."""
+    from spec_decode_otel.integrations import _litellm_kwargs as wire
+
+    decoded: list[int] = []
+    real = wire.decode_json
+
+    def counting(text: Any) -> Any:
+        decoded.append(len(text))
+        return real(text)
+
+    monkeypatch.setattr(wire, "decode_json", counting)
+    otel.instrument()
+    request = request_kwargs("vllm", "chat", False, seed_for("decoded-once", "async"))
+    await litellm.acompletion(**litellm_kwargs("hosted_vllm", request, simulator_url))
+    (span,) = await settled_spans(otel)
+    assert span.attributes["spec_decode.outcome"] == "recorded"
+    assert len(decoded) == 1, decoded

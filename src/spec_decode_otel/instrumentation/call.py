@@ -276,7 +276,7 @@ class Call:
                 attrs[GEN_AI_USAGE_INPUT_TOKENS] = input_tokens
             if output_tokens is not None:
                 attrs[GEN_AI_USAGE_OUTPUT_TOKENS] = output_tokens
-            reasons = [r for r in finish_reasons if is_short_text(r)]
+            reasons = [r for r in finish_reasons[:MAX_FINISH_REASONS] if is_short_text(r)]
             if reasons:
                 attrs[GEN_AI_RESPONSE_FINISH_REASONS] = reasons
             if error_type is not None:

@@ -361,9 +361,10 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             if last_sdk_request.get() > started.mark.started:
                 started.mark.via_sdk = True
             started.mark.decided = True
-            if kwargs.get("stream") is not True and wire.logged_body(original) is not None:
+            body = None if kwargs.get("stream") is True else wire.logged_body(original)
+            if body is not None:  # decoded once: the record is made from it
                 stamp = wire.attempt_start(kwargs)
-                self._ended(kwargs, None, stamp, wire.now_beside(stamp))
+                self._ended(kwargs, None, stamp, wire.now_beside(stamp), body=body)
 
     # -- call end -----------------------------------------------------------------------
 
@@ -375,7 +376,9 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         end_time: Any,
         *,
         failed: bool = False,
+        body: Any = None,
     ) -> None:
+        """``body``: the logged body, already decoded (None: decode it when needed)."""
         try:
             if not self._enabled or not isinstance(kwargs, Mapping):
                 return
@@ -400,7 +403,9 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             if started.mark.went_through_sdk() or noted:
                 return  # the openai wrapper's
             started.mark.decided = True
-            self._record(kwargs, operation, started, response, start_time, end_time, failed=failed)
+            self._record(
+                kwargs, operation, started, response, start_time, end_time, failed=failed, body=body
+            )
         except Exception:
             report_internal_error("litellm.end")
 
@@ -443,6 +448,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         *,
         failed: bool = False,
         read_to_end: bool = True,
+        body: Any = None,
     ) -> None:
         streaming = kwargs.get("stream") is True
         responses_api = wire.responses_call(kwargs)
@@ -474,7 +480,8 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             call.finish_error(error if isinstance(error, BaseException) else _Unreported())
             return
         if read_to_end and not streaming:
-            body = wire.kept_body(kwargs, response)
+            if body is None:
+                body = wire.kept_body(kwargs, response)
             if isinstance(body, Mapping):
                 call.finish_dict(body)
             else:

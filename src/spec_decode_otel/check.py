@@ -459,8 +459,9 @@ def _request(
         message = str(exc.message)
         if message == f"Error code: {exc.status_code}":
             # openai 3 says only a JSON error's message: show what the page says instead
-            # (openai 1 and 2 put the body in the message)
             message += f" - {_page_text(exc.response)}"
+        elif message.lstrip().startswith("<"):  # openai 1 and 2 say a page as it came
+            message = _without_markup(message)
         problem = f"HTTP {exc.status_code}: {message[:MAX_ERROR_CHARS]}"
         return _Answer(problem=problem, status=exc.status_code)
     except Exception as exc:  # whatever the server does (older SDKs raise a cut stream's
@@ -537,10 +538,14 @@ def _page_text(response: Any) -> str:
     """The start of an error page's text, its markup dropped: an nginx 502 page, a
     sign-in page, a framework's ``{"detail": "Not Found"}``."""
     try:
-        text = response.text[:MAX_PAGE_CHARS]
+        text = response.text
     except Exception:  # an unreadable body: the status says enough
         return ""
-    return " ".join(_MARKUP.sub(" ", text).split())
+    return _without_markup(text)
+
+
+def _without_markup(text: str) -> str:
+    return " ".join(_MARKUP.sub(" ", text[:MAX_PAGE_CHARS]).split())
 
 
 def _none_succeeded(done: list[_Line], timeout: float) -> str:

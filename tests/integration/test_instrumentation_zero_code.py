@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from check_command import COMMAND, PROBES, run_check
 from otlp_values import (
     clean_env,
     otlp_attributes,
@@ -283,3 +286,38 @@ def test_options_in_code_replace_what_opentelemetry_instrument_set_from_the_envi
     replaced = [m for level, m in report["told"] if "replace" in m]
     assert len(replaced) == 1, report["told"]
     assert ("INFO", replaced[0]) in [tuple(t) for t in report["told"]]
+
+
+VLLM_HEADER = ("--header", "x-spec-decode-engine: vllm")
+
+
+def test_check_under_opentelemetry_instrument_answers_as_without_it(simulator_url: str) -> None:
+    """``opentelemetry-instrument spec-decode-otel check`` (or a pod the OTel Operator
+    injects auto-instrumentation into): our process-wide instrumentor took the requests
+    from check's own client, and openai-v2 (opentelemetry-instrumentation-openai-v2,
+    installed here) made the span ours enriched, so every line said ``none``, the verdict
+    said no stats arrived, and the check's spans went to the console exporter. Now check
+    undoes the auto-instrumentation in its own process: the same answer as without it,
+    and nothing exported."""
+    instrument = shutil.which("opentelemetry-instrument")
+    assert instrument, "opentelemetry-distro's opentelemetry-instrument is not installed"
+    bare = run_check(simulator_url, "--model", "spec-sim", *VLLM_HEADER)
+    env = {
+        **os.environ,
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+    }
+    done = subprocess.run(
+        [instrument, *COMMAND, simulator_url, "--model", "spec-sim", *VLLM_HEADER],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    outcomes = [re.search(rf"^  {re.escape(p)}\s+(\S+)", done.stdout, re.M) for p in PROBES]
+    assert [found and found.group(1) for found in outcomes] == ["recorded", "no_stats", "recorded"]
+    assert [bare[1][p].split()[0] for p in PROBES] == ["recorded", "no_stats", "recorded"]
+    assert "spec_decode.outcome" not in done.stdout
+    assert done.returncode == bare[0] == 0

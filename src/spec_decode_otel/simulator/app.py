@@ -110,13 +110,12 @@ def refuse_several(engine: str, req: OpenAIRequest, prompts: list[object]) -> No
     several prompts included; above the slot count it answers its own 400. Its
     Responses API answers ``n`` > 1 with a JSON array of responses, which no OpenAI
     client reads, so that stays refused here. mlx-vlm is left refusing both."""
-    several = req.n != 1 or len(prompts) != 1
     if engine == "llamacpp" and req.KIND != "responses":
         if req.n > LLAMACPP_SLOTS:
             raise SimulatorError.llamacpp_bad_request(
                 f"Field 'n': Value must be between 1 <= value <= {LLAMACPP_SLOTS}, but got {req.n}"
             )
-    elif engine in TIMINGS_FAMILY and several:
+    elif engine in TIMINGS_FAMILY and (req.n != 1 or len(prompts) != 1):
         raise SimulatorError.invalid("Only one completion choice is allowed")
 
 

@@ -35,9 +35,8 @@ LEVELS: tuple[str, ...] = get_args(Level)
 class SimulatorConfig(BaseModel):
     """How the simulated server behaves; every field has a CLI flag (see ``cli.py``).
 
-    Per-request headers (``x-spec-decode-engine``, ``x-spec-decode-level``,
-    ``x-sim-draft-schedule``, ``x-sim-seed``, ``x-sim-fault``, ``x-sim-delay-ms``) override
-    the engine-facing parts for one request, so one server can speak every shape.
+    Per-request headers (listed in ``app.py``) override the engine-facing parts for one
+    request, so one server can speak every shape.
     """
 
     # protected_namespaces=(): `model_alphas` is ours (pydantic < 2.10 warns on model_*).

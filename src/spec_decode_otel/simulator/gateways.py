@@ -30,8 +30,7 @@ _STANDARD_ROOT_FIELDS = frozenset(
 _CHUNK_ROOT_FIELDS = ("id", "object", "created", "model")
 #: vLLM's choice fields LiteLLM knows beside OpenAI's (the matched stop string, the
 #: token ids): where other non-standard fields move or go, these stay.
-_STOP_REASON = "stop_reason"
-_TOKEN_IDS = "token_ids"
+_VLLM_CHOICE_FIELDS = ("stop_reason", "token_ids")
 #: The message fields of LiteLLM's ``Message``: ``role``, ``content`` and a sent
 #: ``refusal`` stay, null or not; the others only when not null. Any other field
 #: (vLLM's ``reasoning``) moves into the message's ``provider_specific_fields``.
@@ -98,7 +97,7 @@ def litellm_proxy_body(body: JSON, kind: str) -> JSON:
         kept = {
             k: _body_message(v) if k == "message" else v
             for k, v in choice.items()
-            if k in _STANDARD_CHOICE_FIELDS or k in (_STOP_REASON, _TOKEN_IDS)
+            if k in _STANDARD_CHOICE_FIELDS or k in _VLLM_CHOICE_FIELDS
         }
         moved = {k: v for k, v in choice.items() if k not in _STANDARD_CHOICE_FIELDS}
         choices.append({**kept, "provider_specific_fields": moved})
@@ -236,15 +235,15 @@ def _stream_choice(choice: JSON, kind: str, finished: bool) -> JSON:
                 (k, v)
                 for k, v in choice.items()
                 if k not in _STANDARD_CHOICE_FIELDS
-                and k != _STOP_REASON
-                and (v is not None or k == _TOKEN_IDS)
+                and k != "stop_reason"
+                and (v is not None or k == "token_ids")
             )
     elif finish is None or choice.get("text"):
         out["text"] = choice.get("text", "")
     if finish is not None:
         out["finish_reason"] = finish
-    if finished and _STOP_REASON in choice:
-        out[_STOP_REASON] = choice[_STOP_REASON]
+    if finished and "stop_reason" in choice:
+        out["stop_reason"] = choice["stop_reason"]
     if choice.get("logprobs") is not None:
         out["logprobs"] = choice["logprobs"]
     return out

@@ -8,6 +8,7 @@ the prompt is never echoed.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import random
 import re
@@ -71,12 +72,15 @@ def count_prompt_tokens(value: object) -> int:
     return 0
 
 
-def _stop_cut(tokens: list[str], stops: Sequence[str]) -> tuple[int, int, str] | None:
+def _stop_cut(
+    tokens: list[str], offsets: list[int], stops: Sequence[str]
+) -> tuple[int, int, str] | None:
     """Earliest stop-string match as (tokens kept, visible chars, the stop), or None.
 
     Kept tokens run up to and including the one that completed the match (an engine
     generates that token before it can see the match); the visible text ends where the
-    stop string starts, as OpenAI-compatible servers return it.
+    stop string starts, as OpenAI-compatible servers return it. ``offsets[i]`` is where
+    token i starts in the text.
     """
     text = "".join(tokens)
     best: tuple[int, int, str] | None = None  # (match end, match start, stop)
@@ -89,12 +93,7 @@ def _stop_cut(tokens: list[str], stops: Sequence[str]) -> tuple[int, int, str] |
     if best is None:
         return None
     end, start, stop = best
-    consumed = 0
-    for i, tok in enumerate(tokens):
-        consumed += len(tok)
-        if consumed >= end:
-            return i + 1, start, stop
-    return len(tokens), start, stop  # pragma: no cover - end is always inside the text
+    return bisect.bisect_left(offsets, end, lo=1), start, stop
 
 
 def plan_choice(
@@ -111,24 +110,18 @@ def plan_choice(
     finish = "length" if max_tokens is not None and max_tokens < natural else "stop"
     words = [rng.choice(FILLER) for _ in range(limit)]
     tokens = [w.capitalize() if i == 0 else " " + w for i, w in enumerate(words)]
+    offsets = list(itertools.accumulate(map(len, tokens), initial=0))
     visible = None
     matched: str | int | None = EOS_TOKEN_ID if finish == "stop" else None
-    cut = _stop_cut(tokens, stops)
+    cut = _stop_cut(tokens, offsets, stops)
     if cut is not None:
         limit, visible, matched = cut
         finish = "stop"
     gen = generate(rng, profile, limit)
-    text = "".join(tokens[:limit])
-    if visible is not None:
-        text = text[:visible]
+    text = "".join(tokens[:limit])[:visible]
     # split the visible text at the step boundaries
-    bounds = itertools.accumulate(gen.step_tokens(), initial=1)
-    pieces: list[str] = []
-    start_tok, start_char = 0, 0
-    for end_tok in bounds:
-        end_char = min(len(text), start_char + sum(len(t) for t in tokens[start_tok:end_tok]))
-        pieces.append(text[start_char:end_char])
-        start_tok, start_char = end_tok, end_char
+    ends = [min(len(text), offsets[t]) for t in itertools.accumulate(gen.step_tokens(), initial=1)]
+    pieces = [text[a:b] for a, b in itertools.pairwise([0, *ends])]
     return ChoicePlan(
         index=index, generation=gen, pieces=pieces, finish_reason=finish, matched_stop=matched
     )

@@ -269,13 +269,13 @@ def _llamacpp_final(plan: RequestPlan, c: ChoicePlan) -> Iterator[JSON]:
     (empty text) that carries ``usage`` and ``timings`` whatever ``stream_options`` says,
     and no ``choices: []`` chunk at all."""
     finish = _llamacpp_chunk(plan, _llamacpp_choice(plan, c, None, c.finish_reason))
-    if plan.kind == "chat" and plan.include_usage:
+    if plan.kind != "chat":
+        last = {**finish, "usage": _llamacpp_usage(plan, c)}
+    elif plan.include_usage:
         yield finish
         last = _llamacpp_chunk(plan, usage=_llamacpp_usage(plan, c))
-    elif plan.kind == "chat":
-        last = finish
     else:
-        last = {**finish, "usage": _llamacpp_usage(plan, c)}
+        last = finish
     last["timings"] = plan.llamacpp_timings(c)
     yield last
 

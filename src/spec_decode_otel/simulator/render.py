@@ -144,13 +144,13 @@ class RequestPlan:
         sends no ``sglext`` at all when none did."""
         if not self.sglang_details:
             return None
-        details = []
-        for c in self.choices:
-            if c.generation.num_spec_steps == 0:
-                continue
-            d = shapes.sglang_details(c.generation, histogram=self.engine == "sglang")
+        details = [
+            shapes.sglang_details(c.generation, histogram=self.engine == "sglang")
+            for c in self.choices
+            if c.generation.num_spec_steps
+        ]
+        for d in details:
             F.corrupt_stats(d, "sglang", self.faults)
-            details.append(d)
         if not details:
             return None
         return {"spec_tokens_details": details if len(self.choices) > 1 else details[0]}
@@ -282,20 +282,20 @@ class RequestPlan:
         return self._choice(c, step, "text", delta.get("content", ""), finish)
 
     def chunks(self) -> Iterator[JSON]:
-        """The stream, chunk by chunk: role, one content chunk per verify step (choices
-        interleaved), one finish_reason chunk per choice, engine tails, usage."""
+        """The stream, chunk by chunk."""
         if self.sglang:
-            yield from releases.sglang_chunks(self)
-            return
+            return releases.sglang_chunks(self)
         if self.vllm:
-            yield from releases.vllm_chunks(self)
-            return
+            return releases.vllm_chunks(self)
         if self.engine == "llamacpp":
-            yield from releases.llamacpp_chunks(self)
-            return
+            return releases.llamacpp_chunks(self)
         if self.engine == "mlx-vlm" and self.kind == "chat":
-            yield from releases.mlx_vlm_chunks(self)
-            return
+            return releases.mlx_vlm_chunks(self)
+        return self._chunks()
+
+    def _chunks(self) -> Iterator[JSON]:
+        """Role, one content chunk per verify step (choices interleaved), one
+        finish_reason chunk per choice, engine tails, usage."""
         if self.kind == "chat":
             for c in self.choices:
                 yield self.chunk(self.delta(c, 0, {"role": "assistant", "content": ""}))

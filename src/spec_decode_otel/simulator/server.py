@@ -6,6 +6,7 @@ free port immediately and nothing races for it.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -150,6 +151,4 @@ class SimulatorServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        import asyncio
-
         await asyncio.to_thread(self.stop)

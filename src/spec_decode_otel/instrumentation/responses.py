@@ -274,6 +274,29 @@ def _same_kind(earlier: Any, parsed: Any) -> bool:
     return isinstance(earlier, AsyncStreamProxy) and isinstance(parsed, AsyncStream)
 
 
+_Failed = Callable[[BaseException], None]
+
+
+def _read(read: Callable[..., Any], failed: _Failed, /, *args: Any, **kwargs: Any) -> Any:
+    """``read(*args, **kwargs)``; whatever it raises is handed to ``failed``, then re-raised."""
+    try:
+        return read(*args, **kwargs)
+    except BaseException as exc:
+        failed(exc)
+        raise
+
+
+async def _read_async(
+    read: Callable[..., Awaitable[Any]], failed: _Failed, /, *args: Any, **kwargs: Any
+) -> Any:
+    """:func:`_read`, awaiting ``read``."""
+    try:
+        return await read(*args, **kwargs)
+    except BaseException as exc:
+        failed(exc)
+        raise
+
+
 class _RawResponseProxy(CopiedLikeTheSdk):
     def __init__(
         self,
@@ -379,12 +402,7 @@ class SyncRawResponseProxy(_RawResponseProxy):
     """Wraps ``LegacyAPIResponse`` (``with_raw_response``) whose body the user parses later."""
 
     def parse(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            parsed = self.__wrapped__.parse(*args, **kwargs)
-        except BaseException as exc:
-            self._failed(exc)
-            raise
-        return self._observe_parsed(parsed)
+        return self._observe_parsed(_read(self.__wrapped__.parse, self._failed, *args, **kwargs))
 
 
 class SyncStreamedResponseProxy(SyncRawResponseProxy):
@@ -392,12 +410,7 @@ class SyncStreamedResponseProxy(SyncRawResponseProxy):
     ``close()`` and the raw reads, which ``LegacyAPIResponse`` does not have."""
 
     def json(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            body = self.__wrapped__.json(*args, **kwargs)
-        except BaseException as exc:
-            self._failed(exc)
-            raise
-        return self._observe_json(body)
+        return self._observe_json(_read(self.__wrapped__.json, self._failed, *args, **kwargs))
 
     def close(self) -> None:
         try:
@@ -413,11 +426,7 @@ class SyncStreamedResponseProxy(SyncRawResponseProxy):
 
     def _whole(self, read: Callable[[], Any]) -> Any:
         raw = self._raw_body()
-        try:
-            body = read()
-        except BaseException as exc:
-            raw.error(exc)
-            raise
+        body = _read(read, raw.error)
         raw.whole(body)
         return body
 
@@ -456,19 +465,11 @@ class AsyncRawResponseProxy(_RawResponseProxy):
     ``iter_bytes()``/``iter_text()``/``iter_lines()``)."""
 
     async def parse(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            parsed = await self.__wrapped__.parse(*args, **kwargs)
-        except BaseException as exc:
-            self._failed(exc)
-            raise
+        parsed = await _read_async(self.__wrapped__.parse, self._failed, *args, **kwargs)
         return self._observe_parsed(parsed)
 
     async def json(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            body = await self.__wrapped__.json(*args, **kwargs)
-        except BaseException as exc:
-            self._failed(exc)
-            raise
+        body = await _read_async(self.__wrapped__.json, self._failed, *args, **kwargs)
         return self._observe_json(body)
 
     async def close(self) -> None:
@@ -485,11 +486,7 @@ class AsyncRawResponseProxy(_RawResponseProxy):
 
     async def _whole(self, read: Callable[[], Awaitable[Any]]) -> Any:
         raw = self._raw_body()
-        try:
-            body = await read()
-        except BaseException as exc:
-            raw.error(exc)
-            raise
+        body = await _read_async(read, raw.error)
         raw.whole(body)
         return body
 

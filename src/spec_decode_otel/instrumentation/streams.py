@@ -173,9 +173,7 @@ class StreamObserver:
         fields, e.g. vLLM's ``metrics``)."""
         if isinstance(chunk, Mapping):
             self.observe_payload(chunk)
-            choices = chunk.get("choices")
-            usage = chunk.get("usage")
-            return choices != [] or not self.injected.hides(usage)
+            return chunk.get("choices") != [] or not self.injected.hides(chunk.get("usage"))
         if self.first_at is None:
             self._first(getattr(chunk, "model", None), getattr(chunk, "id", None))
         response = getattr(chunk, "response", None)

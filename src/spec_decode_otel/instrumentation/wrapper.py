@@ -171,13 +171,14 @@ class Instrumentation:
         }
         metric_attrs = dict(span_attrs)
         bound = self.instruments.bound
-        for key, value in ((GEN_AI_REQUEST_MODEL, model), (SERVER_ADDRESS, host)):
+        for key, value in (
+            (GEN_AI_REQUEST_MODEL, model),
+            (SERVER_ADDRESS, host),
+            (SERVER_PORT, port),
+        ):
             if value is not None:
                 span_attrs[key] = value
                 metric_attrs[key] = bound(key, value)
-        if port is not None:
-            span_attrs[SERVER_PORT] = port
-            metric_attrs[SERVER_PORT] = bound(SERVER_PORT, port)
         for key in settings.metric_attributes:
             if key in user:
                 metric_attrs[key] = bound(key, user[key])

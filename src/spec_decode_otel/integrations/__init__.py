@@ -46,6 +46,7 @@ import contextlib
 import contextvars
 import importlib.util
 import itertools
+import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -82,9 +83,7 @@ class SdkMark:
 
     def went_through_sdk(self) -> bool:
         """True when the openai wrapper handled this call (read where LiteLLM reports
-        the call's end). Once decided, an SDK request in that context is another call's:
-        a stream's end is reported from the context that read it, which may have made
-        SDK requests of its own after the call started."""
+        the call's end; once decided, a later SDK request there is another call's)."""
         return self.via_sdk or (not self.decided and last_sdk_request.get() > self.started)
 
 
@@ -137,9 +136,10 @@ def note_openai_stream(response_id: Any, server: str) -> None:
         or not 0 < len(response_id) <= MAX_RESPONSE_ID
     ):
         return
+    key = (response_id, server)
     with _streams_lock:
-        _streams[(response_id, server)] = next(_sequence)
-        _streams.move_to_end((response_id, server))
+        _streams[key] = next(_sequence)
+        _streams.move_to_end(key)
         if len(_streams) > MAX_STREAMS:
             _streams.popitem(last=False)
 
@@ -166,23 +166,20 @@ MAX_CHAIN = 16
 _failed_requests: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
-def _chain(error: Any) -> Iterator[BaseException]:
-    """``error`` and its ``__cause__``/``__context__`` chain (loops end, at most
-    ``MAX_CHAIN``)."""
+def _requests(error: Any) -> Iterator[Any]:
+    """The HTTP requests ``error`` and its ``__cause__``/``__context__`` chain name (an
+    ``httpx``/``httpx2`` or ``openai`` error's ``request``; httpx raises when its error was
+    made without one). Loops end; at most ``MAX_CHAIN`` links are followed."""
     seen: set[int] = set()
     while isinstance(error, BaseException) and id(error) not in seen and len(seen) < MAX_CHAIN:
         seen.add(id(error))
-        yield error
+        try:
+            request = getattr(error, "request", None)
+        except Exception:
+            request = None
+        if request is not None:
+            yield request
         error = error.__cause__ or error.__context__
-
-
-def _request_of(error: BaseException) -> Any:
-    """The HTTP request an ``httpx``/``httpx2`` or ``openai`` error names, if any (httpx
-    raises when its error was made without one)."""
-    try:
-        return getattr(error, "request", None)
-    except Exception:
-        return None
 
 
 def note_openai_stream_error(error: BaseException, server: str) -> None:
@@ -193,11 +190,9 @@ def note_openai_stream_error(error: BaseException, server: str) -> None:
         return
     try:
         with _streams_lock:
-            for link in _chain(error):
-                request = _request_of(link)
-                if request is not None:
-                    with contextlib.suppress(TypeError):  # not weakly referenceable
-                        _failed_requests[request] = server
+            for request in _requests(error):
+                with contextlib.suppress(TypeError):  # not weakly referenceable
+                    _failed_requests[request] = server
     except Exception:
         report_internal_error("note_openai_stream_error")
 
@@ -207,12 +202,11 @@ def took_openai_stream_error(error: Any, server: str) -> bool:
     of an SDK stream to this server that failed through the wrapper: the wrapper recorded
     the failed call. The note is taken, so it excuses one call."""
     with _streams_lock:
-        for link in _chain(error):
-            request = _request_of(link)
+        for request in _requests(error):
             try:
-                noted = request is not None and _failed_requests.get(request) == server
+                noted = _failed_requests.get(request) == server
             except TypeError:  # not weakly referenceable: never noted
-                noted = False
+                continue
             if noted:
                 del _failed_requests[request]
                 return True
@@ -250,11 +244,8 @@ def watch_litellm(instrumentation: Any) -> None:
     if install:
         # Runs at once when litellm is already imported, else right after its import.
         wrapt.register_post_import_hook(_on_litellm_import, "litellm")
-    else:
-        import sys
-
-        if "litellm" in sys.modules:
-            _on_litellm_import(sys.modules["litellm"])
+    elif "litellm" in sys.modules:
+        _on_litellm_import(sys.modules["litellm"])
 
 
 def unwatch_litellm() -> None:

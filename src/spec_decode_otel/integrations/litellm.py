@@ -53,7 +53,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +102,11 @@ OPERATIONS: Mapping[str, str] = {
 MAX_CALLS = 4096
 
 
+def _ours(kwargs: Mapping[str, Any]) -> bool:
+    """A call of a type we record (:data:`OPERATIONS`)."""
+    return kwargs.get("call_type") in OPERATIONS
+
+
 @dataclass
 class _Started:
     """What is known when a LiteLLM call starts (before its route is known)."""
@@ -121,7 +126,7 @@ class _Started:
     callback: SpecDecodeLiteLLMCallback
     #: What its end needs of LiteLLM's call details (:func:`_kept`: none of the content),
     #: for an attempt LiteLLM retries without reporting it ended (:meth:`_Calls.start`).
-    kept: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    kept: Mapping[str, Any]
     #: The process that started it: a forked child's copy is the parent's to end.
     pid: int = dataclasses.field(default_factory=os.getpid)
     #: The generator that sends the request when first read, which LiteLLM logged as
@@ -296,7 +301,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         call_id = wire.attempt(kwargs)
         if not self._enabled or call_id is None or not is_instrumentation_enabled():
             return  # a call inside suppress_instrumentation() is never started, so never ends
-        if kwargs.get("call_type") not in OPERATIONS or wire.mocked(kwargs):
+        if not _ours(kwargs) or wire.mocked(kwargs):
             return
 
         def make() -> _Started:
@@ -383,8 +388,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             if not self._enabled or not isinstance(kwargs, Mapping):
                 return
             call_id = wire.attempt(kwargs)
-            operation = OPERATIONS.get(kwargs.get("call_type"))  # type: ignore[arg-type]
-            if call_id is None or operation is None or kwargs.get("cache_hit") is True:
+            if call_id is None or not _ours(kwargs) or kwargs.get("cache_hit") is True:
                 return
             started = _calls.end(call_id)
             if started is None:
@@ -403,9 +407,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             if started.mark.went_through_sdk() or noted:
                 return  # the openai wrapper's
             started.mark.decided = True
-            self._record(
-                kwargs, operation, started, response, start_time, end_time, failed=failed, body=body
-            )
+            self._record(kwargs, started, response, start_time, end_time, failed=failed, body=body)
         except Exception:
             report_internal_error("litellm.end")
 
@@ -417,11 +419,9 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         wrapper ends one that went through the SDK itself."""
         try:
             kept = started.kept
-            operation = OPERATIONS.get(kept.get("call_type"))  # type: ignore[arg-type]
-            if not self._enabled or operation is None or started.mark.went_through_sdk():
+            if not self._enabled or not _ours(kept) or started.mark.went_through_sdk():
                 return
-            start_time = wire.attempt_start(kept)
-            self._record(kept, operation, started, None, start_time, end_time, failed=True)
+            self._record(kept, started, None, wire.attempt_start(kept), end_time, failed=True)
         except Exception:
             report_internal_error("litellm.retried")
 
@@ -430,17 +430,15 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         ``not_read_to_end`` when LiteLLM's own handler read it (the mark says so). The
         openai wrapper's stream proxy ends one it read; a call whose route stayed unknown
         is only forgotten."""
-        operation = OPERATIONS.get(kwargs.get("call_type"))  # type: ignore[arg-type]
         mark = started.mark
-        if not self._enabled or operation is None or mark.via_sdk or not mark.decided:
+        if not self._enabled or not _ours(kwargs) or mark.via_sdk or not mark.decided:
             return
         start_time = wire.attempt_start(kwargs)
-        self._record(kwargs, operation, started, None, start_time, end_time, read_to_end=False)
+        self._record(kwargs, started, None, start_time, end_time, read_to_end=False)
 
     def _record(
         self,
         kwargs: Mapping[str, Any],
-        operation: str,
         started: _Started,
         response: Any,
         start_time: Any,
@@ -456,7 +454,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         # The openai wrapper's plan (same attributes, same coexistence rules), decided now
         # with what was current when the call started.
         plan = self._instrumentation.plan(
-            operation,
+            OPERATIONS[kwargs["call_type"]],
             model=kwargs.get("model"),
             server=wire.server(kwargs),
             user=started.user,
@@ -589,18 +587,19 @@ def _watch_dropped_streams(callback: SpecDecodeLiteLLMCallback) -> None:
             from litellm.litellm_core_utils.streaming_handler import CustomStreamWrapper
 
             _own_iteration = (CustomStreamWrapper.__next__, CustomStreamWrapper.__anext__)
-            _patch(
+            finalize = vars(CustomStreamWrapper).get("_finalize_completed_stream", ABSENT)
+            _patches.set(
                 CustomStreamWrapper,
                 "_finalize_completed_stream",
-                lambda own: wrapt.FunctionWrapper(own, _finalizing),
+                wrapt.FunctionWrapper(finalize, _finalizing),
             )
-            _patch(CustomStreamWrapper, "__del__", _calling(_stream_reclaimed))
+            _patch_del(CustomStreamWrapper, _stream_reclaimed)
         except Exception:
             report_internal_error("litellm.watch_streams")
         try:
             from litellm.litellm_core_utils.litellm_logging import Logging
 
-            _patch(Logging, "__del__", _calling(_call_reclaimed))
+            _patch_del(Logging, _call_reclaimed)
         except Exception:
             report_internal_error("litellm.watch_calls")
         try:
@@ -614,33 +613,32 @@ def _watch_dropped_streams(callback: SpecDecodeLiteLLMCallback) -> None:
                     responses.MockResponsesAPIStreamingIterator.__anext__,
                 }
             )
-            _patch(
-                responses.BaseResponsesAPIStreamingIterator,
-                "__del__",
-                _calling(_responses_stream_reclaimed),
-            )
+            _patch_del(responses.BaseResponsesAPIStreamingIterator, _responses_stream_reclaimed)
         except Exception:
             report_internal_error("litellm.watch_responses_streams")
 
 
-def _calling(reclaimed: Any) -> Any:
-    """What to set as ``__del__``: LiteLLM's own (if any), then ``reclaimed(stream)``."""
+def _patch_del(cls: type, reclaimed: Callable[[Any], None]) -> None:
+    """Set as ``cls.__del__``: LiteLLM's own (if any), then ``reclaimed(instance)`` (under
+    ``_watch_lock``)."""
+    own = vars(cls).get("__del__", ABSENT)
+    if own is not ABSENT:
+        _patches.set(
+            cls, "__del__", wrapt.FunctionWrapper(own, functools.partial(_reclaimed, reclaimed))
+        )
+        return
 
-    def ours_for(own: Any) -> Any:
-        if own is ABSENT:
+    def __del__(self: Any) -> None:
+        reclaimed(self)
 
-            def __del__(self: Any) -> None:
-                reclaimed(self)
-
-            return __del__
-        return wrapt.FunctionWrapper(own, functools.partial(_reclaimed, reclaimed))
-
-    return ours_for
+    _patches.set(cls, "__del__", __del__)
 
 
-def _patch(cls: type, name: str, ours_for: Any) -> None:
-    """Set ``ours_for(LiteLLM's own)`` as ``cls.name`` (under ``_watch_lock``)."""
-    _patches.set(cls, name, ours_for(vars(cls).get(name, ABSENT)))
+def _reclaimed(reclaimed: Any, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> None:
+    try:
+        wrapped(*args, **kwargs)
+    finally:
+        reclaimed(instance)
 
 
 def _unwatch_dropped_streams(callback: SpecDecodeLiteLLMCallback) -> None:
@@ -673,13 +671,6 @@ async def _finalizing(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> An
         with contextlib.suppress(Exception):
             vars(instance)[_REPORTED] = True
         raise
-
-
-def _reclaimed(reclaimed: Any, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> None:
-    try:
-        wrapped(*args, **kwargs)
-    finally:
-        reclaimed(instance)
 
 
 def _stream_reclaimed(stream: Any) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import logging.handlers
 import math
 import os
 import queue
@@ -207,17 +208,6 @@ class _Line(NamedTuple):
     answer: _Answer
 
 
-class _Hints(logging.Handler):
-    """Keeps the instrumentation's warnings (its hints) to print after the requests."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 def run(args: argparse.Namespace) -> int:
     """Make the three requests and print what arrived; exit status 0 when at least one
     had a record, 1 when none had."""
@@ -238,7 +228,9 @@ def run(args: argparse.Namespace) -> int:
     _undo_auto_instrumentation()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-    hints = _Hints()
+    # The instrumentation's warnings (its hints), kept to print after the requests.
+    hints = logging.handlers.BufferingHandler(capacity=sys.maxsize)
+    hints.setLevel(logging.WARNING)
     logger.addHandler(hints)
     client = openai.OpenAI(
         base_url=args.base_url,
@@ -286,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
     if not prober.is_alive():
         client.close()
     outcome_of = {line.label: line.outcome for line in done}
-    told = list(hints.messages)
+    told = [record.getMessage() for record in hints.buffer]
     if (
         outcome_of.get(PROBES[0][0]) in WITH_RECORD
         and outcome_of.get(PROBES[2][0]) == Outcome.NO_STATS.value
@@ -297,33 +289,34 @@ def run(args: argparse.Namespace) -> int:
     for message in told:
         _print("")
         _print(f"hint: {message}")
+    verdict = _verdict(done, args)
+    if verdict is None:
+        return 0
+    _print("")
+    _print(verdict)
+    return 1
+
+
+def _verdict(done: list[_Line], args: argparse.Namespace) -> str | None:
+    """What the report ends with when no call had a record; None when one had."""
     outcomes = [line.outcome for line in done] + [Outcome.ERROR.value] * (len(PROBES) - len(done))
     if all(outcome == Outcome.ERROR.value for outcome in outcomes):
-        _print("")
-        _print(_none_succeeded(done, args.timeout))
-        return 1
-    if not WITH_RECORD.intersection(outcomes):
-        _print("")
-        if any(line.answer.foreign for line in done):
-            _print(NOT_CHAT)
-            return 1
-        if Outcome.INVALID.value in outcomes:
-            _print(REJECTED)
-            return 1
-        if Outcome.AMBIGUOUS.value in outcomes:
-            _print(AMBIGUOUS)
-            return 1
-        bodies = [line.answer.body for line in done if line.answer.body is not None]
-        fix = _fix_for(bodies[0] if bodies else None, args.max_tokens)
-        if fix is None:
-            fix = f"To get them, {TURN_STATS_ON}"
-            if "sglang" not in args.request_engine_stats:
-                fix += "; for SGLang, run check again with --request-engine-stats sglang"
-        _print(
-            f"No response carried spec-decode stats. {fix} (README: Why is my dashboard empty?)."
-        )
-        return 1
-    return 0
+        return _none_succeeded(done, args.timeout)
+    if WITH_RECORD.intersection(outcomes):
+        return None
+    if any(line.answer.foreign for line in done):
+        return NOT_CHAT
+    if Outcome.INVALID.value in outcomes:
+        return REJECTED
+    if Outcome.AMBIGUOUS.value in outcomes:
+        return AMBIGUOUS
+    bodies = [line.answer.body for line in done if line.answer.body is not None]
+    fix = _fix_for(bodies[0] if bodies else None, args.max_tokens)
+    if fix is None:
+        fix = f"To get them, {TURN_STATS_ON}"
+        if "sglang" not in args.request_engine_stats:
+            fix += "; for SGLang, run check again with --request-engine-stats sglang"
+    return f"No response carried spec-decode stats. {fix} (README: Why is my dashboard empty?)."
 
 
 def _undo_auto_instrumentation() -> None:
@@ -568,15 +561,14 @@ def _none_succeeded(done: list[_Line], timeout: float) -> str:
             "or 403): check --api-key (default $OPENAI_API_KEY) and any header the "
             "gateway needs (--header)."
         )
-    if statuses == {None} or not done:
-        timed_out = len(done) < len(PROBES) or any(
-            "Timeout" in (line.answer.problem or "") for line in done
+    timed_out = len(done) < len(PROBES) or any(
+        "Timeout" in (line.answer.problem or "") for line in done
+    )
+    if statuses <= {None} and timed_out:  # no HTTP status: nothing answered
+        return (
+            f"No call was answered within --timeout ({timeout:g} s for the whole "
+            "check): raise it for a slow or busy server, or check the URL."
         )
-        if timed_out:
-            return (
-                f"No call was answered within --timeout ({timeout:g} s for the whole "
-                "check): raise it for a slow or busy server, or check the URL."
-            )
     return (
         "No call succeeded: check the URL (it usually ends in /v1), the model and the key "
         "(--header for a gateway)."

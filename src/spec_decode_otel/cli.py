@@ -67,16 +67,13 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@contextlib.contextmanager
-def _opened(path: str) -> Iterator[BinaryIO]:
+def _opened(path: str) -> contextlib.AbstractContextManager[BinaryIO]:
     """The bytes of ``path``, or of standard input for ``-`` (left open)."""
     if path != "-":
-        with open(path, "rb") as handle:
-            yield handle
-        return
+        return open(path, "rb")
     if sys.stdin is None:  # started with stdin closed (``<&-``)
         raise OSError("standard input is closed")
-    yield sys.stdin.buffer
+    return contextlib.nullcontext(sys.stdin.buffer)
 
 
 def _encoding(head: bytes) -> str:

@@ -117,13 +117,12 @@ def _run_workload(base_url: str, requests: int, concurrency: int, progress: _Pro
 
 def _where(exports: dict[str, tuple[str, ...]]) -> str:
     """What went where: "spans exported to the console (stdout); metrics not exported"."""
-    said = []
-    for signal in ("spans", "metrics"):
-        where = exports.get(signal)
-        said.append(
-            f"{signal} exported {' and '.join(where)}" if where else f"{signal} not exported"
-        )
-    return "; ".join(said)
+    return "; ".join(
+        f"{signal} exported {' and '.join(exports[signal])}"
+        if exports.get(signal)
+        else f"{signal} not exported"
+        for signal in ("spans", "metrics")
+    )
 
 
 def run(args: argparse.Namespace) -> int:

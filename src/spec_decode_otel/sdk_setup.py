@@ -201,11 +201,10 @@ def _exporter_class(signal: str, name: str) -> Any:
     wanted = name
     if name == "otlp":
         wanted = "otlp_proto_grpc" if _grpc(signal) else "otlp_proto_http"
-    found = list(entry_points(group=_ENTRY_POINTS[signal]))
-    for entry_point in found:
-        if entry_point.name == wanted:
-            return entry_point.load()
-    known = ", ".join(sorted({e.name for e in found}))
+    found = entry_points(group=_ENTRY_POINTS[signal])
+    if wanted in found.names:
+        return found[wanted].load()
+    known = ", ".join(sorted(found.names))
     if name == "otlp":  # the default: the user may have named no exporter at all
         raise _NotInstalled(
             f"no installed package provides the OTLP exporter ({wanted}; known: {known}): "

@@ -216,8 +216,7 @@ class SseSplitter:
         name, _, value = line.partition(":")
         if name != "data":
             return
-        if value.startswith(" "):
-            value = value[1:]
+        value = value.removeprefix(" ")
         if not self._data and value.startswith("[DONE]"):
             events.append(value)
             return

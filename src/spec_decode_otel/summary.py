@@ -145,9 +145,7 @@ def read_rows(lines: Iterable[str], skipped: Skipped) -> Iterator[Row]:
         except ValidationError as exc:  # which field broke which rule, without its value
             skipped.add(f"line {number}: {_broken_rules(exc)}")
             continue
-        # json's errors are ValueErrors; RecursionError is its answer to a deeply nested
-        # line.
-        except (ValueError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:  # json's errors; a line nested too deep
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             skipped.add(f"line {number}: {reason}")
             continue

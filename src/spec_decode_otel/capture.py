@@ -191,21 +191,18 @@ def is_multi_sequence(responses: Sequence[ParsedResponse]) -> bool:
     return any(r.choice_count > 1 for r in responses)
 
 
+def last_usage(responses: Sequence[ParsedResponse]) -> Mapping[str, Any]:
+    """The last non-empty usage block (streams repeat usage), or an empty one."""
+    return next((r.usage for r in reversed(responses) if r.usage), _EMPTY)
+
+
 def last_completion_tokens(responses: Sequence[ParsedResponse]) -> int | None:
-    """completion_tokens from the last non-empty usage block (streams repeat usage)."""
-    for response in reversed(responses):
-        usage = response.usage
-        if usage:
-            tokens = usage.get("completion_tokens")
-            if type(tokens) is int and 0 <= tokens <= MAX_COUNT:
-                return tokens
-            return None  # absent, or beyond what OTLP can carry: unknown
-    return None
+    """completion_tokens from the last non-empty usage block; None (unknown) when it is
+    absent or beyond what OTLP can carry."""
+    tokens = last_usage(responses).get("completion_tokens")
+    return tokens if type(tokens) is int and 0 <= tokens <= MAX_COUNT else None
 
 
 def request_of(responses: Sequence[ParsedResponse]) -> Mapping[str, Any] | None:
     """The request body the responses answer, or None when it is not known."""
-    for response in responses:
-        if response.request is not None:
-            return response.request
-    return None
+    return next((r.request for r in responses if r.request is not None), None)

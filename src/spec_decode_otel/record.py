@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import operator
+from itertools import accumulate
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
@@ -57,20 +58,22 @@ PerStep = Annotated[list[Annotated[int, Strict()]], Field(max_length=MAX_SPEC_ST
 Name = Annotated[str, Field(min_length=1, max_length=MAX_ENGINE_LENGTH)]
 
 
-def _finite_float(value: Any) -> float | None:
-    """A JSON number that is finite (a bool is an int to Python but never a rate on the
-    wire, and NaN would compare as agreeing with nothing)."""
-    if value is None:
-        return None
-    if type(value) not in (int, float):
-        raise ValueError("must be a finite number")
+def finite_number(value: Any) -> float | None:
+    """A finite JSON number (int or float, never bool: a bool is an int to Python but
+    never a rate on the wire), else None."""
     try:
-        number = float(value)
+        if type(value) in (int, float) and math.isfinite(value):
+            return float(value)
     except OverflowError:  # an int beyond any float
-        raise ValueError("must be a finite number") from None
-    if not math.isfinite(number):
-        raise ValueError("must be a finite number")
-    return number
+        pass
+    return None
+
+
+def digit_key(key: Any) -> int | None:
+    """A JSON object key spelling a small non-negative int (``"3"``) as that int, else None."""
+    if type(key) is str and key.isascii() and key.isdigit() and len(key) <= 6:
+        return int(key)
+    return None
 
 
 def _sparse_histogram(value: Any) -> dict[int, Any] | None:
@@ -87,9 +90,9 @@ def _sparse_histogram(value: Any) -> dict[int, Any] | None:
         raise ValueError("histogram has more buckets than MAX_SPEC_TOKENS allows")
     out: dict[int, Any] = {}
     for key, count in value.items():
-        if type(key) is str and key.isascii() and key.isdigit() and len(key) <= 6:
-            key = int(key)
-        if type(key) is not int or not 0 <= key <= MAX_SPEC_TOKENS:
+        if type(key) is not int:
+            key = digit_key(key)
+        if key is None or not 0 <= key <= MAX_SPEC_TOKENS:
             raise ValueError("histogram keys must be ints in 0..MAX_SPEC_TOKENS")
         if key in out:
             raise ValueError("duplicate histogram key")
@@ -125,7 +128,11 @@ class SpecDecodeAcceptanceRecord(BaseModel):
     @field_validator("mean_acceptance_length", "draft_acceptance_rate", mode="before")
     @classmethod
     def _finite_number(cls, value: Any) -> float | None:
-        return _finite_float(value)
+        # NaN would compare as agreeing with nothing in the invariants below.
+        number = finite_number(value)
+        if number is None and value is not None:
+            raise ValueError("must be a finite number")
+        return number
 
     @field_validator("acceptance_histogram", mode="before")
     @classmethod
@@ -211,10 +218,8 @@ class SpecDecodeAcceptanceRecord(BaseModel):
         ``MAX_SPEC_TOKENS``.
         """
         hist = self.acceptance_histogram or {}
-        size = (self.num_spec_tokens + 1) if self.num_spec_tokens is not None else 0
-        if hist:
-            size = max(size, max(hist) + 1)
-        dense = [0] * size
+        k = self.num_spec_tokens
+        dense = [0] * max(k + 1 if k is not None else 0, max(hist, default=-1) + 1)
         for j, count in hist.items():
             dense[j] = count
         return dense
@@ -225,10 +230,4 @@ class SpecDecodeAcceptanceRecord(BaseModel):
         A step that accepted j drafts accepted positions 0..j-1 (drafts are accepted as a
         prefix), so this is the histogram's reverse cumulative sum shifted by one.
         """
-        dense = self.dense_histogram()
-        out = [0] * max(len(dense) - 1, 0)
-        running = 0
-        for j in range(len(dense) - 1, 0, -1):
-            running += dense[j]
-            out[j - 1] = running
-        return out
+        return list(accumulate(reversed(self.dense_histogram()[1:])))[::-1]

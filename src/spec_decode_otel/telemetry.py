@@ -205,31 +205,25 @@ class SpecDecodeInstruments:
             description="Accepted / drafted tokens per request (drafts only)",
             explicit_bucket_boundaries_advisory=ACCEPTANCE_RATE_BUCKETS,
         )
-        self.draft_tokens = _Totals()
-        self.accepted_tokens = _Totals()
-        self.verify_steps = _Totals()
-        self.accepted_at_position = _Totals()
-        self.requests = _Totals()
-        for name, unit, totals, description in (
-            (M_DRAFT_TOKENS, "{token}", self.draft_tokens, "Draft tokens proposed"),
-            (M_ACCEPTED_DRAFT_TOKENS, "{token}", self.accepted_tokens, "Draft tokens accepted"),
-            (M_VERIFY_STEPS, "{step}", self.verify_steps, "Verify steps by drafts accepted"),
-            (
-                M_ACCEPTED_AT_POSITION,
-                "{token}",
-                self.accepted_at_position,
-                "Verify steps whose draft position was accepted",
-            ),
-            (
-                M_REQUESTS,
-                "{request}",
-                self.requests,
-                "Instrumented calls, by outcome (why a call has or has no record)",
-            ),
-        ):
+
+        def counter(name: str, unit: str, description: str) -> _Totals:
+            totals = _Totals()
             meter.create_observable_counter(
                 name, callbacks=[totals.observe], unit=unit, description=description
             )
+            return totals
+
+        self.draft_tokens = counter(M_DRAFT_TOKENS, "{token}", "Draft tokens proposed")
+        self.accepted_tokens = counter(M_ACCEPTED_DRAFT_TOKENS, "{token}", "Draft tokens accepted")
+        self.verify_steps = counter(M_VERIFY_STEPS, "{step}", "Verify steps by drafts accepted")
+        self.accepted_at_position = counter(
+            M_ACCEPTED_AT_POSITION, "{token}", "Verify steps whose draft position was accepted"
+        )
+        self.requests = counter(
+            M_REQUESTS,
+            "{request}",
+            "Instrumented calls, by outcome (why a call has or has no record)",
+        )
         #: Per metric attribute, the first values seen; later ones map to the overflow.
         self._seen: dict[str, set[Any]] = {}
         #: The first ``MAX_SERIES`` series seen (as keys).
@@ -279,9 +273,9 @@ class SpecDecodeInstruments:
             self.draft_tokens.add(key, record.num_draft_tokens)
         if record.num_accepted_draft_tokens is not None:
             self.accepted_tokens.add(key, record.num_accepted_draft_tokens)
-        for accepted, steps in (record.acceptance_histogram or {}).items():
-            self.verify_steps.add((*key, (SD_ACCEPTED, _position(accepted))), steps)
         if record.acceptance_histogram:
+            for accepted, steps in record.acceptance_histogram.items():
+                self.verify_steps.add((*key, (SD_ACCEPTED, _position(accepted))), steps)
             for position, steps in enumerate(record.accepted_at_position()):
                 if steps:
                     self.accepted_at_position.add((*key, (SD_POSITION, _position(position))), steps)

@@ -23,16 +23,6 @@ def exact_int(value: Any) -> int | None:
     return value if type(value) is int and value >= 0 else None
 
 
-def finite_number(value: Any) -> float | None:
-    """A finite JSON number (int or float, never bool), else None."""
-    try:
-        if type(value) in (int, float) and math.isfinite(value):
-            return float(value)
-    except OverflowError:  # an int beyond any float
-        pass
-    return None
-
-
 def first_present(mapping: Mapping[str, Any], *names: str) -> Any:
     """The value of the first of ``names`` present in ``mapping`` (aliases across releases)."""
     for name in names:

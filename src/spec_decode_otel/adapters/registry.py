@@ -201,16 +201,15 @@ def detect_outcome(responses: Sequence[ParsedResponse]) -> Detection:
     claimant = claimants[0]
     try:
         record = claimant.adapt(responses)
+        if not isinstance(record, SpecDecodeAcceptanceRecord):
+            engine = getattr(claimant, "engine", _adapter_name(claimant))
+            raise InvalidPayload(f"{engine} payload is malformed")
     except InvalidPayload as exc:
         rate_limited.log(logging.DEBUG, "invalid", "spec-decode payload rejected: %s", exc)
         return Detection(None, Outcome.INVALID, str(exc))
     except Exception:
         _report_failure(claimant, "adapt")
         return Detection(None, Outcome.INVALID, f"{_adapter_name(claimant)} raised")
-    if not isinstance(record, SpecDecodeAcceptanceRecord):
-        reason = f"{getattr(claimant, 'engine', _adapter_name(claimant))} payload is malformed"
-        rate_limited.log(logging.DEBUG, "invalid", "spec-decode payload rejected: %s", reason)
-        return Detection(None, Outcome.INVALID, reason)
     return Detection(record, Outcome.PARTIAL if record.is_partial else Outcome.RECORDED)
 
 

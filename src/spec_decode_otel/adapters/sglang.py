@@ -46,14 +46,13 @@ from spec_decode_otel.adapters._fields import (
     derived_mean_acceptance_length,
     derived_rate,
     exact_int,
-    finite_number,
     first_present,
     is_present,
     stats_choice_indices,
 )
 from spec_decode_otel.adapters.protocol import InvalidPayload
 from spec_decode_otel.capture import ParsedResponse
-from spec_decode_otel.record import MAX_SPEC_TOKENS, SpecDecodeAcceptanceRecord
+from spec_decode_otel.record import MAX_SPEC_TOKENS, SpecDecodeAcceptanceRecord, finite_number
 
 _STEPS = ("spec_verify_ct",)
 _TOKENSPEED_ACCEPTED = "spec_accepted_tokens"
@@ -102,14 +101,10 @@ class SglangAdapter:
 
     @classmethod
     def can_adapt(cls, responses: Sequence[ParsedResponse]) -> bool:
-        for response in responses:
-            sglext = response.root.get("sglext")
-            if isinstance(sglext, Mapping) and is_present(sglext.get("spec_tokens_details")):
-                return True
-            for choice in response.choices:
-                if choice.get("meta_info") is not None and _meta_has_spec(choice):
-                    return True
-        return False
+        return any(
+            is_present(_sglext_details(response)) or any(map(_meta_has_spec, response.choices))
+            for response in responses
+        )
 
     @classmethod
     def adapt(cls, responses: Sequence[ParsedResponse]) -> SpecDecodeAcceptanceRecord | None:
@@ -120,12 +115,10 @@ class SglangAdapter:
             return None
         if not isinstance(details, Mapping):
             raise InvalidPayload("sglang payload: spec_tokens_details is not an object")
-        steps = exact_int(first_present(details, *_STEPS))
-        accepted = exact_int(first_present(details, *_ACCEPTED))
-        drafted = exact_int(first_present(details, *_DRAFTED))
-        for names, count in ((_STEPS, steps), (_ACCEPTED, accepted), (_DRAFTED, drafted)):
-            if count is None and first_present(details, *names) is not None:
-                return None  # present but not an exact count: malformed, not "unreported"
+        sent = [first_present(details, *names) for names in (_STEPS, _ACCEPTED, _DRAFTED)]
+        steps, accepted, drafted = map(exact_int, sent)
+        if any(value is not None and exact_int(value) is None for value in sent):
+            return None  # present but not an exact count: malformed, not "unreported"
         step_count_only = steps == 0 and accepted is None and drafted is None
         if step_count_only:
             # No verify step (a one-token reply): TokenSpeed and SGLang before 0.5 send
@@ -179,7 +172,6 @@ class SglangAdapter:
             if is_present(details):
                 return details
             for choice in reversed(response.choices):
-                meta = choice.get("meta_info")
-                if isinstance(meta, Mapping) and _meta_has_spec(choice):
-                    return meta
+                if _meta_has_spec(choice):
+                    return choice["meta_info"]
         return None

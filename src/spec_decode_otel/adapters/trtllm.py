@@ -29,13 +29,12 @@ from spec_decode_otel.adapters._fields import (
     derived_mean_acceptance_length,
     derived_rate,
     exact_int,
-    finite_number,
     is_present,
     last_choice_field,
     stats_choice_indices,
 )
 from spec_decode_otel.capture import ParsedResponse
-from spec_decode_otel.record import SpecDecodeAcceptanceRecord
+from spec_decode_otel.record import SpecDecodeAcceptanceRecord, finite_number
 
 _STATS = "speculative_decoding"
 _AVERAGE = "avg_decoded_tokens_per_iter"
@@ -87,16 +86,15 @@ class TensorRtLlmAdapter:
         drafted = exact_int(stats.get("total_draft_tokens"))
         if steps is None or accepted is None or drafted is None:
             return None
-        rate = stats.get("acceptance_rate")
-        if rate is not None:
-            rate = finite_number(rate)
-            if rate is None:
-                return None
+        sent_rate = stats.get("acceptance_rate")
+        rate = derived_rate(accepted, drafted) if sent_rate is None else finite_number(sent_rate)
+        if rate is None:
+            return None
         return build_record(
             cls.engine,
             responses,
             mean_acceptance_length=derived_mean_acceptance_length(accepted, steps),
-            draft_acceptance_rate=rate if rate is not None else derived_rate(accepted, drafted),
+            draft_acceptance_rate=rate,
             acceptance_histogram=hist,
             num_accepted_draft_tokens=accepted,
             num_draft_tokens=drafted,

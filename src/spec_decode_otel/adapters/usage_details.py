@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from spec_decode_otel.adapters._fields import build_record, derived_rate, exact_int
 from spec_decode_otel.adapters.protocol import InvalidPayload
-from spec_decode_otel.capture import ParsedResponse, request_of
+from spec_decode_otel.capture import ParsedResponse, last_usage, request_of
 from spec_decode_otel.record import SpecDecodeAcceptanceRecord
 
 DETAILS = "completion_tokens_details"
@@ -37,11 +37,8 @@ REJECTED = "rejected_prediction_tokens"
 
 def _last_details(responses: Sequence[ParsedResponse]) -> Mapping[str, Any] | None:
     """``completion_tokens_details`` of the last non-empty usage block."""
-    for response in reversed(responses):
-        if response.usage:
-            details = response.usage.get(DETAILS)
-            return details if isinstance(details, Mapping) else None
-    return None
+    details = last_usage(responses).get(DETAILS)
+    return details if isinstance(details, Mapping) else None
 
 
 def _without_prediction(request: Mapping[str, Any] | None) -> bool:

@@ -20,14 +20,18 @@ from spec_decode_otel.adapters._fields import (
     derived_mean_acceptance_length,
     derived_rate,
     exact_int,
-    finite_number,
     is_present,
     per_step_arrays,
     stats_choice_indices,
 )
 from spec_decode_otel.adapters.protocol import InvalidPayload
 from spec_decode_otel.capture import ParsedResponse
-from spec_decode_otel.record import MAX_SPEC_TOKENS, SpecDecodeAcceptanceRecord
+from spec_decode_otel.record import (
+    MAX_SPEC_TOKENS,
+    SpecDecodeAcceptanceRecord,
+    digit_key,
+    finite_number,
+)
 
 _MERGED = "speculative_decoding"
 _PREMERGE = "speculative_decoding_stats"
@@ -121,12 +125,11 @@ def _sparse_string_keyed(value: Any) -> dict[int, int] | None:
         return None
     sparse: dict[int, int] = {}
     for key, count in value.items():
-        if type(key) is not str or not (key.isascii() and key.isdigit() and len(key) <= 6):
-            return None
-        if type(count) is not int or count < 0:
+        j = digit_key(key)
+        if j is None or exact_int(count) is None:
             return None
         if count:
-            sparse[int(key)] = count
+            sparse[j] = count
     return sparse
 
 
@@ -140,13 +143,13 @@ def _by_draft_length_agrees(by_length: Any, flat: list[int]) -> bool:
         return False
     total = [0] * len(flat)
     for key, hist in by_length.items():
-        if type(key) is not str or not (key.isascii() and key.isdigit() and len(key) <= 6):
+        draft_len = digit_key(key)
+        if draft_len is None or type(hist) is not list or len(hist) != draft_len + 1:
             return False
-        draft_len = int(key)
-        if type(hist) is not list or len(hist) != draft_len + 1 or draft_len + 1 > len(flat):
+        if draft_len + 1 > len(flat):
             return False
         for j, count in enumerate(hist):
-            if type(count) is not int or count < 0:
+            if exact_int(count) is None:
                 return False
             total[j] += count
     return total == flat

@@ -203,6 +203,16 @@ def mocked(kwargs: Mapping[str, Any]) -> bool:
     return kwargs.get("api_key") == "mock-key" and server(kwargs) == (None, None)
 
 
+def client_left(kwargs: Mapping[str, Any]) -> bool:
+    """The proxy's client hung up on a stream. LiteLLM's proxy (1.110.2,
+    ``_bill_partial_streamed_spend_on_disconnect`` in proxy/common_request_processing.py)
+    then reports a success built from the chunks read so far, its finish reason made up
+    (``stop``), and marks it in ``litellm_params.metadata.client_disconnected``."""
+    params = kwargs.get("litellm_params")
+    metadata = params.get("metadata") if isinstance(params, Mapping) else None
+    return isinstance(metadata, Mapping) and metadata.get("client_disconnected") is True
+
+
 def url_server(url: str) -> tuple[str | None, int | None]:
     """Host and port of ``url`` (``server.address``, ``server.port``): the scheme's
     default port when it names none, None for a port out of range."""

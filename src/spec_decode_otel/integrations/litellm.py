@@ -407,6 +407,9 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             if started.mark.went_through_sdk() or noted:
                 return  # the openai wrapper's
             started.mark.decided = True
+            if not failed and wire.client_left(kwargs):  # a stream left, not one finished
+                self._record(kwargs, started, None, start_time, end_time, read_to_end=False)
+                return
             self._record(kwargs, started, response, start_time, end_time, failed=failed, body=body)
         except Exception:
             report_internal_error("litellm.end")

@@ -363,6 +363,63 @@ def test_timings_per_token_stream_records_the_final_counts(
     assert after[SERVER_DRAFTED] - before.get(SERVER_DRAFTED, 0.0) == running[-1]["draft_n"]
 
 
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_timings_per_token_stream_left_early_has_no_record(
+    llama_server: Any, telemetry: Telemetry, endpoint: str
+) -> None:
+    """A ``timings_per_token`` stream left before its last chunk: the running counts it
+    carried so far are not the request's (the server goes on drafting), so the call is
+    ``not_read_to_end`` with no record and no counts, as without ``timings_per_token``.
+    llama.cpp b11312 (tools/server/server-task.cpp) puts the running ``timings`` on
+    partial results (``server_task_result_cmpl_partial``); the final ones come with the
+    ``finish_reason``."""
+    server = llama_server("noisy")
+    params = _params(endpoint, PROMPTS[5], stream=True, extra_body={"timings_per_token": True})
+    running = None
+    with (
+        sync_client(server.base_url, Exchanges()) as client,
+        _resource(client, endpoint).create(**params) as stream,
+    ):
+        for chunk in stream:
+            timings = (chunk.model_extra or {}).get("timings") or {}
+            if timings.get("draft_n") and chunk.choices[0].finish_reason is None:
+                running = timings
+                break
+    assert running is not None and running["draft_n"] > 0  # the stream was left mid-way
+    (span,) = telemetry.spans()
+    assert span.attributes["spec_decode.outcome"] == "not_read_to_end"
+    assert A_DRAFTED not in spec_attributes(span)
+    assert telemetry.counter_total(M_DRAFT_TOKENS) == 0
+
+
+async def test_stream_of_several_prompts_names_its_model_despite_a_null_first_event(
+    llama_server: Any, telemetry: Telemetry
+) -> None:
+    """A completions stream for a list of prompts starts with ``data: null`` (llama.cpp
+    b11312; one prompt, or ``n`` > 1, sends none). The SDK yields that ``None`` to the
+    caller as it is; the span still names the model the later chunks carry, as the same
+    stream read raw does, and the call is ``multi_sequence``. Sync and async clients."""
+    server = llama_server("noisy")
+    params = _params("completions", PROMPTS[1], stream=True)
+    params["prompt"] = [PROMPTS[1], PROMPTS[2]]
+    with (
+        sync_client(server.base_url, Exchanges()) as client,
+        client.completions.create(**params) as stream,
+    ):
+        sync_chunks = list(stream)
+    async with async_client(server.base_url, Exchanges()) as client:
+        stream = await client.completions.create(**params)
+        async with stream:
+            async_chunks = [c async for c in stream]
+    for chunks in (sync_chunks, async_chunks):
+        assert chunks[0] is None  # what the caller sees, with or without us
+        models = {c.model for c in chunks[1:]}
+        assert len(models) == 1 and models != {None}
+    spans = telemetry.spans()
+    assert [s.attributes["spec_decode.outcome"] for s in spans] == ["multi_sequence"] * 2
+    assert [s.attributes.get("gen_ai.response.model") for s in spans] == [*models] * 2
+
+
 def test_two_choices_give_no_record(llama_server: Any, telemetry: Telemetry) -> None:
     """``n=2``: llama.cpp answers with two choices and ONE root ``timings``, which cannot
     be split per sequence, so there is no record (README, "No record at all"), and the

@@ -255,3 +255,81 @@ def test_a_responses_status_gives_the_finish_reason_genai_openai_gives(
     got = attrs.get("gen_ai.response.finish_reasons")
     assert (None if got is None else list(got)) == reasons
     assert attrs["gen_ai.usage.output_tokens"] == 40
+
+
+def _failed_events(ending: str) -> list[dict[str, Any]]:
+    """A Responses stream the server ends by saying the response failed."""
+    failed = _response_body("failed", None) | {
+        "error": {"code": "server_error", "message": "The model crashed."}
+    }
+    created = {"type": "response.created", "sequence_number": 0, "response": failed}
+    created["response"] = {**failed, "status": "in_progress", "error": None}
+    if ending == "response.failed":
+        return [created, {"type": "response.failed", "sequence_number": 1, "response": failed}]
+    error = {"type": "error", "sequence_number": 1, "code": "server_error", "param": None}
+    return [created, error | {"message": "The model crashed."}]
+
+
+@pytest.mark.parametrize(
+    ("ending", "read"),
+    [
+        ("response.failed", "parsed"),
+        ("response.failed", "raw"),
+        ("error", "parsed"),
+        ("error", "raw"),
+        ("response.failed", "body"),
+    ],
+)
+def test_a_responses_answer_the_server_says_failed_ends_as_an_error(
+    instrumented: Otel, ending: str, read: str
+) -> None:
+    """A 200 answer whose response failed (a ``response.failed`` event, an ``error``
+    event, or a body with ``status: failed``) is a failed call, as openai-v2 (2.4b0,
+    ``response_wrappers.py``) fails its span on those events; the SDK raises for none of
+    them, and the caller still sees every event or the body as sent. ``error.type`` is the
+    event's type, a fixed value (the server's code would be unbounded on metrics)."""
+    events = _failed_events(ending)
+
+    def answer(request: Any) -> Any:
+        if read == "body":
+            return sdk_http.Response(200, json=_response_body("failed", None))
+        sse = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
+        return sdk_http.Response(200, headers={"content-type": "text/event-stream"}, text=sse)
+
+    responses = mock_client(answer).responses
+    if read == "body":
+        assert responses.create(model=MODEL, input=INPUT).status == "failed"
+    elif read == "parsed":
+        seen = [e.type for e in responses.create(model=MODEL, input=INPUT, stream=True)]
+        assert seen == [e["type"] for e in events]
+    else:
+        with responses.with_streaming_response.create(model=MODEL, input=INPUT, stream=True) as raw:
+            assert sum(1 for line in raw.iter_lines() if line.startswith("data:")) == 2
+    span = our_span(instrumented)
+    attrs = dict(span.attributes or {})
+    assert attrs["spec_decode.outcome"] == "error"
+    assert attrs["error.type"] == ("error" if ending == "error" else "response.failed")
+    assert span.status.status_code.name == "ERROR"
+
+
+@pytest.mark.parametrize("read", ["parsed", "raw"])
+def test_a_responses_stream_repeating_its_last_event_has_one_finish_reason(
+    instrumented: Otel, read: str
+) -> None:
+    """One response has one finish reason, however often a server repeats the event that
+    ends it (here ``response.completed`` three times)."""
+    body = _response_body("completed", None)
+    done = {"type": "response.completed", "sequence_number": 1, "response": body}
+    sse = "".join(f"data: {json.dumps(done)}\n\n" for _ in range(3))
+
+    def answer(request: Any) -> Any:
+        return sdk_http.Response(200, headers={"content-type": "text/event-stream"}, text=sse)
+
+    responses = mock_client(answer).responses
+    if read == "parsed":
+        assert len(list(responses.create(model=MODEL, input=INPUT, stream=True))) == 3
+    else:
+        with responses.with_streaming_response.create(model=MODEL, input=INPUT, stream=True) as raw:
+            raw.read()
+    attrs = dict(our_span(instrumented).attributes or {})
+    assert list(attrs["gen_ai.response.finish_reasons"]) == ["stop"]

@@ -39,6 +39,21 @@ def _draft_timings(response: ParsedResponse) -> Mapping[str, Any] | None:
     return None
 
 
+def _final_timings(response: ParsedResponse) -> Mapping[str, Any] | None:
+    """:func:`_draft_timings` of a response that ends its sequence, else None.
+
+    With ``timings_per_token`` llama.cpp puts the running counts on every content chunk
+    (``server_task_result_cmpl_partial`` in tools/server/server-task.cpp, b11312 to b11434); only
+    the chunk with the ``finish_reason`` or the usage (a Responses stream's
+    ``response.completed``) holds the request's own. A stream the caller left before that
+    chunk has no stats, not the counts so far.
+    """
+    ends = response.usage is not None or any(
+        choice.get("finish_reason") is not None for choice in response.choices
+    )
+    return _draft_timings(response) if ends else None
+
+
 class LlamaCppAdapter:
     """Maps llama.cpp-style ``timings`` draft counters (llama.cpp and mlx-vlm)."""
 
@@ -48,11 +63,11 @@ class LlamaCppAdapter:
 
     @classmethod
     def can_adapt(cls, responses: Sequence[ParsedResponse]) -> bool:
-        return any(_draft_timings(response) is not None for response in responses)
+        return any(_final_timings(response) is not None for response in responses)
 
     @classmethod
     def adapt(cls, responses: Sequence[ParsedResponse]) -> SpecDecodeAcceptanceRecord | None:
-        timings = next(filter(None, map(_draft_timings, reversed(responses))), None)
+        timings = next(filter(None, map(_final_timings, reversed(responses))), None)
         if timings is None:
             return None
         drafted = exact_int(timings.get("draft_n"))

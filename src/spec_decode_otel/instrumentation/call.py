@@ -125,6 +125,7 @@ class Call:
                 response_model=getattr(obj, "model", None),
                 finish_reasons=finish_reasons(obj),
                 usage=getattr(obj, "usage", None),
+                failure=responses_failure(obj),
             )
         )
 
@@ -146,6 +147,7 @@ class Call:
             finish_reasons=finish_reasons(body),
             input_tokens=usage.get("prompt_tokens"),
             output_tokens=usage.get("completion_tokens"),
+            failure=responses_failure(body),
         )
 
     def finish_stream(
@@ -158,8 +160,10 @@ class Call:
         first_chunk_at: float | None,
         read_to_end: bool,
         error: BaseException | None = None,
+        failure: str | None = None,
     ) -> None:
-        """A stream ended (exhausted, failed, or stopped early) with these chunks kept."""
+        """A stream ended (exhausted, failed, or stopped early) with these chunks kept;
+        ``failure`` is the Responses event that said the response failed."""
         self._end_once(
             lambda: self._end(
                 []
@@ -169,6 +173,7 @@ class Call:
                 finish_reasons=finish_reasons,
                 usage=next(filter(None, map(_chunk_usage, reversed(chunks))), None),
                 error=error,
+                failure=failure,
                 first_chunk_at=first_chunk_at,
                 read_to_end=read_to_end,
                 multi_sequence=multi_sequence,
@@ -226,6 +231,7 @@ class Call:
         input_tokens: Any = None,
         output_tokens: Any = None,
         error: BaseException | None = None,
+        failure: str | None = None,
         first_chunk_at: float | None = None,
         read_to_end: bool = True,
         multi_sequence: bool = False,
@@ -252,7 +258,7 @@ class Call:
 
         detection = self._detect(responses, multi_sequence)
         outcome = detection.outcome
-        if error is not None:
+        if error is not None or failure is not None:
             outcome = Outcome.ERROR
         elif not read_to_end and outcome is Outcome.NO_STATS:
             outcome = Outcome.NOT_READ_TO_END
@@ -263,7 +269,7 @@ class Call:
             attrs.update(record_attributes(record, plan.per_step_max_length))
         if not read_to_end:
             attrs[SD_READ_TO_END] = False
-        error_type = type(error).__qualname__ if error is not None else None
+        error_type = type(error).__qualname__ if error is not None else failure
         span, own_span = plan.span, plan.own_span
         if not own_span and plan.late_span is not None and not span.is_recording():
             # The enriched span was recording when the call started: it has ended since.
@@ -350,6 +356,13 @@ def responses_finish_reason(response: Any) -> str | None:
     if not isinstance(reason, str):
         return "incomplete"
     return _INCOMPLETE_REASONS.get(reason, reason)
+
+
+def responses_failure(response: Any) -> str | None:
+    """``response.failed`` for a Responses API response the server says failed (a 200
+    answer with ``status: failed``, which the SDK returns without raising), else None.
+    ``response`` is an SDK object or its decoded JSON."""
+    return "response.failed" if _field(response, "status") == "failed" else None
 
 
 def finish_reasons(body: Any) -> list[Any]:

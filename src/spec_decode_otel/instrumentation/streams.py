@@ -55,6 +55,9 @@ KEEP_CHUNKS = 32
 RESPONSES_TERMINAL_EVENTS = frozenset(
     {"response.completed", "response.incomplete", "response.failed"}
 )
+#: The Responses API stream events that say the response failed: each names the call's
+#: ``error.type`` (a fixed value, never the server's text: it is a metric attribute too).
+RESPONSES_FAILURE_EVENTS = frozenset({"response.failed", "error"})
 
 
 class Injected(NamedTuple):
@@ -86,6 +89,8 @@ class StreamObserver:
         self.first_at: float | None = None
         self.model: str | None = None
         self.multi = False
+        #: The Responses event that said the response failed, if one did.
+        self.failure: str | None = None
         #: A stop arrived from inside one of our reads: that read's end ends the call.
         self._stop_pending = False
         finalizer.watch(self)
@@ -174,6 +179,10 @@ class StreamObserver:
         if isinstance(chunk, Mapping):
             self.observe_payload(chunk)
             return chunk.get("choices") != [] or not self.injected.hides(chunk.get("usage"))
+        if chunk is None:
+            # ``data: null``: llama.cpp (b11312) starts a stream of several prompts with
+            # one. It is no first chunk: it names neither the model nor the response.
+            return True
         if self.first_at is None:
             self._first(getattr(chunk, "model", None), getattr(chunk, "id", None))
         response = getattr(chunk, "response", None)
@@ -204,8 +213,11 @@ class StreamObserver:
         return True
 
     def _note_event(self, kind: Any, response: Any) -> None:
-        """A Responses API event's finish reason, when it ends the response."""
-        if not _is_terminal(kind):
+        """A Responses API event that says the response failed, and the finish reason of
+        the first that ends it (one response, one reason, however often it is sent)."""
+        if isinstance(kind, str) and kind in RESPONSES_FAILURE_EVENTS:
+            self.failure = kind
+        if not _is_terminal(kind) or self.finish_reasons:
             return
         reason = responses_finish_reason(response)
         if reason is not None:
@@ -253,6 +265,7 @@ class StreamObserver:
             first_chunk_at=self.first_at,
             read_to_end=read_to_end,
             error=error,
+            failure=self.failure,
         )
         self.kept.clear()  # the user may keep the proxy: it no longer keeps their chunks
 

@@ -63,17 +63,17 @@ def start() -> None:
     """Make sure the queue and its thread exist: called where a proxy is made, never
     from ``__del__``. A forked child makes its own, on its first proxy.
 
-    The exit hook is moved to the end of atexit's list each time, so it runs before
-    the exit handlers of every provider made before this proxy (atexit runs the last
-    one first), those of providers made after the first stream included.
+    The exit hook is kept at the end of atexit's list (:func:`_keep_exit_hook_last`),
+    so it runs before the exit handlers of every provider made before this proxy
+    (atexit runs the last one first), those of providers made after the first stream
+    included.
 
     The thread is started after the lock is released: under gevent ``Thread.start()``
     waits on the hub, which runs other greenlets, and one of them here would wait for
     a lock held across that switch, blocking the only OS thread.
     """
     global _pending, _worker
-    atexit.unregister(_end_open_at_exit)
-    atexit.register(_end_open_at_exit)
+    _keep_exit_hook_last()
     if _worker is not None:
         return
     with _lock:
@@ -84,6 +84,30 @@ def start() -> None:
             target=_run, args=(_pending,), name="spec-decode-otel-finalizer", daemon=True
         )
     worker.start()
+
+
+#: ``atexit._ncallbacks()`` right after the exit hook was last put at the end of the list.
+_hook_moved_at: int | None = None
+
+
+def _keep_exit_hook_last() -> None:
+    """Put the exit hook at the end of atexit's list, unless it is there already.
+
+    Moving it on every proxy would cost more with every stream: CPython's
+    ``atexit.unregister`` leaves an empty slot that is never reused, and scans every
+    slot, so a long-running process would make each stream slower and the list longer
+    for good. The count of registered handlers (``atexit._ncallbacks``, CPython)
+    grows only by registering, so while it is what it was after the last move, nothing
+    was registered after the hook. Where that count is missing the hook is registered
+    once, on the first proxy.
+    """
+    global _hook_moved_at
+    count = getattr(atexit, "_ncallbacks", None)
+    if _hook_moved_at is not None and (count is None or count() == _hook_moved_at):
+        return
+    atexit.unregister(_end_open_at_exit)
+    atexit.register(_end_open_at_exit)
+    _hook_moved_at = count() if count is not None else 0
 
 
 def _after_fork_in_child() -> None:

@@ -333,3 +333,152 @@ def test_a_responses_stream_repeating_its_last_event_has_one_finish_reason(
             raw.read()
     attrs = dict(our_span(instrumented).attributes or {})
     assert list(attrs["gen_ai.response.finish_reasons"]) == ["stop"]
+
+
+#: How a test reads a Responses stream: the SDK's events (``create``, or ``parse()`` of
+#: ``with_raw_response``), or the server's lines (``with_streaming_response``), sync or
+#: async. Each read must give the same record.
+STREAM_READS = ["parsed", "raw_parse", "iter_lines", "async_parsed", "async_iter_lines"]
+
+
+async def _read_stream(events: list[dict[str, Any]], read: str) -> None:
+    """Serves ``events`` as a Responses stream and reads it to its end by ``read``."""
+    sse = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
+
+    def answer(request: Any) -> Any:
+        return sdk_http.Response(200, headers={"content-type": "text/event-stream"}, text=sse)
+
+    kwargs: dict[str, Any] = {"model": MODEL, "input": INPUT, "stream": True}
+    if not read.startswith("async_"):
+        responses = mock_client(answer).responses
+        if read == "parsed":
+            assert len(list(responses.create(**kwargs))) == len(events)
+        elif read == "raw_parse":
+            assert len(list(responses.with_raw_response.create(**kwargs).parse())) == len(events)
+        else:
+            with responses.with_streaming_response.create(**kwargs) as raw_response:
+                lines = [line for line in raw_response.iter_lines() if line.startswith("data:")]
+            assert len(lines) == len(events)
+        return
+    transport = sdk_http.MockTransport(answer)
+    async with openai.AsyncOpenAI(
+        api_key="test",
+        base_url="http://engine.test/v1",
+        http_client=sdk_http.AsyncClient(transport=transport),
+    ) as client:
+        if read == "async_parsed":
+            assert len([e async for e in await client.responses.create(**kwargs)]) == len(events)
+        else:
+            create = client.responses.with_streaming_response.create(**kwargs)
+            async with create as raw_response:
+                lines = [line async for line in raw_response.iter_lines() if line]
+            assert len([line for line in lines if line.startswith("data:")]) == len(events)
+
+
+def _simulated_events(simulator_url: str, engine: str, seed: int) -> list[dict[str, Any]]:
+    """The simulator's Responses stream for ``engine``, as sent."""
+    events = raw(simulator_url, create_kwargs(engine, seed, stream=True))
+    assert events[-1]["type"] == "response.completed"
+    return list(events)
+
+
+@pytest.mark.parametrize("read", STREAM_READS)
+async def test_events_after_the_completed_one_leave_the_record_of_the_completed_one(
+    instrumented: Otel, simulator_url: str, read: str
+) -> None:
+    """Events a server sends after ``response.completed`` (here 40 plain text deltas)
+    carry nothing an adapter reads: read raw or parsed, the record is that of the
+    completed response (llama.cpp b11312's ``timings`` beside it). A raw read kept every
+    event in its bounded buffer, so they pushed the completed event out, and the record
+    and usage with it, where ``.parse()`` of the same stream kept them."""
+    events = _simulated_events(simulator_url, "llamacpp", 6107)
+    timings = events[-1]["timings"]
+    delta = next(e for e in events if e["type"] == "response.output_text.delta")
+    await _read_stream(events + [delta] * 40, read)
+    attrs = dict(our_span(instrumented).attributes or {})
+    assert attrs["spec_decode.outcome"] == "partial"
+    assert attrs["spec_decode.num_draft_tokens"] == timings["draft_n"]
+    assert attrs["gen_ai.usage.output_tokens"] == events[-1]["response"]["usage"]["output_tokens"]
+
+
+@pytest.mark.parametrize("read", STREAM_READS)
+async def test_stats_on_a_response_still_in_progress_are_not_read_on_any_path(
+    instrumented: Otel, simulator_url: str, read: str
+) -> None:
+    """The stats of a Responses stream are read from the event that ends it and from
+    events with fields of their own, on every path: vLLM (0.33.0/0.34.0,
+    ``responses/serving.py``) puts its ``metrics`` on the final response, so a
+    ``response.in_progress`` snapshot is no source. A raw read kept every event and took
+    such a snapshot's speculative stats, where ``.parse()`` gave ``no_stats``."""
+    chat = httpx.post(
+        simulator_url + "/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": INPUT}]},
+        headers={"x-spec-decode-engine": "vllm", "x-sim-seed": "6108"},
+        timeout=30,
+    ).json()
+    assert chat["metrics"]["speculative_decoding"]["num_draft_tokens"] > 0
+    events = _simulated_events(simulator_url, "vllm", 6108)
+    in_progress = next(e for e in events if e["type"] == "response.in_progress")
+    in_progress["response"]["metrics"] = chat["metrics"]
+    events[-1]["response"].pop("metrics", None)
+    await _read_stream(events, read)
+    attrs = dict(our_span(instrumented).attributes or {})
+    assert attrs["spec_decode.outcome"] == "no_stats"
+    assert "spec_decode.num_draft_tokens" not in attrs
+
+
+@pytest.mark.parametrize("final_model", ["served-model", None])
+@pytest.mark.parametrize("read", STREAM_READS)
+async def test_a_responses_stream_names_the_model_of_its_final_response(
+    instrumented: Otel, simulator_url: str, read: str, final_model: str | None
+) -> None:
+    """``gen_ai.response.model`` is the model the finished response names (the
+    ``response.completed`` event's, as genai-openai takes it from the final response),
+    else the first one named: an early event may name an alias or a gateway's route."""
+    events = _simulated_events(simulator_url, "llamacpp", 6109)
+    for event in events[:-1]:
+        if "response" in event:
+            event["response"]["model"] = "alias-model"
+    if final_model is None:
+        del events[-1]["response"]["model"]
+    else:
+        events[-1]["response"]["model"] = final_model
+    await _read_stream(events, read)
+    attrs = dict(our_span(instrumented).attributes or {})
+    assert attrs["gen_ai.response.model"] == (final_model or "alias-model")
+
+
+#: A Responses usage block that also carries the Chat Completions names, other counts.
+BOTH_USAGES = {
+    "input_tokens": 5,
+    "output_tokens": 40,
+    "total_tokens": 45,
+    "prompt_tokens": 7,
+    "completion_tokens": 41,
+}
+
+
+@pytest.mark.parametrize("read", ["body", "raw_body", *STREAM_READS])
+async def test_a_responses_usage_with_both_namings_gives_the_responses_counts(
+    instrumented: Otel, read: str
+) -> None:
+    """A Responses answer whose usage also has ``prompt_tokens``/``completion_tokens``
+    (a gateway's addition) is counted by its own names, ``input_tokens``/``output_tokens``,
+    which the user's code reads (openai 3.63.0's ``ResponseUsage`` declares those alone);
+    the Chat Completions names won."""
+    body = _response_body("completed", None) | {"usage": BOTH_USAGES}
+    if read == "body":
+        mock_client(lambda request: sdk_http.Response(200, json=body)).responses.create(
+            model=MODEL, input=INPUT
+        )
+    elif read == "raw_body":
+        answer = mock_client(lambda request: sdk_http.Response(200, json=body))
+        answer.responses.with_raw_response.create(model=MODEL, input=INPUT).parse()
+    else:
+        created = {"type": "response.created", "sequence_number": 0, "response": body}
+        created["response"] = {**body, "status": "in_progress", "usage": None}
+        done = {"type": "response.completed", "sequence_number": 1, "response": body}
+        await _read_stream([created, done], read)
+    attrs = dict(our_span(instrumented).attributes or {})
+    assert attrs["gen_ai.usage.input_tokens"] == 5
+    assert attrs["gen_ai.usage.output_tokens"] == 40

@@ -125,6 +125,7 @@ class Call:
                 response_model=getattr(obj, "model", None),
                 finish_reasons=finish_reasons(obj),
                 usage=getattr(obj, "usage", None),
+                responses_api=_responses_body(obj),
                 failure=responses_failure(obj),
             )
         )
@@ -140,13 +141,12 @@ class Call:
         if parsed is None:
             self._end([])
             return
-        usage = parsed.usage or {}
         self._end(
             [parsed],
             response_model=body.get("model"),
             finish_reasons=finish_reasons(body),
-            input_tokens=usage.get("prompt_tokens"),
-            output_tokens=usage.get("completion_tokens"),
+            usage=parsed.usage,
+            responses_api=_responses_body(body),
             failure=responses_failure(body),
         )
 
@@ -164,21 +164,26 @@ class Call:
     ) -> None:
         """A stream ended (exhausted, failed, or stopped early) with these chunks kept;
         ``failure`` is the Responses event that said the response failed."""
-        self._end_once(
-            lambda: self._end(
+
+        def end() -> None:
+            found = filter(None, map(_chunk_usage, reversed(chunks)))
+            usage, responses_api = next(found, _NO_USAGE)
+            self._end(
                 []
                 if multi_sequence
                 else [p for c in chunks if (p := _parsed_chunk(c, self.plan.request))],
                 response_model=response_model,
                 finish_reasons=finish_reasons,
-                usage=next(filter(None, map(_chunk_usage, reversed(chunks))), None),
+                usage=usage,
+                responses_api=responses_api,
                 error=error,
                 failure=failure,
                 first_chunk_at=first_chunk_at,
                 read_to_end=read_to_end,
                 multi_sequence=multi_sequence,
             )
-        )
+
+        self._end_once(end)
 
     def finish_error(self, error: BaseException) -> None:
         """The request raised (the exception itself is re-raised by the wrapper)."""
@@ -228,8 +233,7 @@ class Call:
         response_model: Any = None,
         finish_reasons: Sequence[Any] = (),
         usage: Any = None,
-        input_tokens: Any = None,
-        output_tokens: Any = None,
+        responses_api: bool = False,
         error: BaseException | None = None,
         failure: str | None = None,
         first_chunk_at: float | None = None,
@@ -245,13 +249,11 @@ class Call:
             # stream wrappers count only an Exception as an error.
             error, read_to_end = None, False
         first_chunk = None if first_chunk_at is None else first_chunk_at - self.started
-        if usage is not None:  # Chat Completions names, else the Responses API's
-            input_tokens = _field(usage, "prompt_tokens")
-            if input_tokens is None:
-                input_tokens = _field(usage, "input_tokens")
-            output_tokens = _field(usage, "completion_tokens")
-            if output_tokens is None:
-                output_tokens = _field(usage, "output_tokens")
+        # The names of the call's API first (a gateway may send both: the user's code
+        # reads the names of the API it called), else the other API's.
+        names = _RESPONSES_USAGE if responses_api else _CHAT_USAGE
+        input_tokens = _first_field(usage, names[0])
+        output_tokens = _first_field(usage, names[1])
         input_tokens = input_tokens if _is_count(input_tokens) else None
         output_tokens = output_tokens if _is_count(output_tokens) else None
         response_model = response_model if is_short_text(response_model) else None
@@ -393,13 +395,37 @@ def _field(obj: Any, name: str) -> Any:
     return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
 
 
-def _chunk_usage(chunk: Any) -> Any:
-    """A chunk's usage; for a Responses stream event, its response's."""
+def _responses_body(body: Any) -> bool:
+    """A Responses API response (an SDK object or its JSON), which has no ``choices``."""
+    return _field(body, "choices") is None
+
+
+#: No usage in a stream's chunks: (usage, from a Responses event).
+_NO_USAGE: tuple[Any, bool] = (None, False)
+
+
+def _chunk_usage(chunk: Any) -> tuple[Any, bool] | None:
+    """A chunk's usage (for a Responses stream event, its response's) and whether it is a
+    Responses API one; None when it has none. A chunk without ``choices`` is a Responses
+    event, or the completed response LiteLLM keeps of a Responses stream."""
     usage = _field(chunk, "usage")
     if usage is None:
-        response = _field(chunk, "response")
-        usage = None if response is None else _field(response, "usage")
-    return usage
+        usage = _field(_field(chunk, "response"), "usage")
+    return None if usage is None else (usage, _responses_body(chunk))
+
+
+#: The usage count names of (input, output) tokens, the call's API's first.
+_CHAT_USAGE = (("prompt_tokens", "input_tokens"), ("completion_tokens", "output_tokens"))
+_RESPONSES_USAGE = (("input_tokens", "prompt_tokens"), ("output_tokens", "completion_tokens"))
+
+
+def _first_field(obj: Any, names: Sequence[str]) -> Any:
+    """The first of ``obj``'s fields ``names`` that is not None."""
+    for name in names:
+        value = _field(obj, name)
+        if value is not None:
+            return value
+    return None
 
 
 def is_short_text(value: Any) -> bool:

@@ -35,6 +35,7 @@ import functools
 import os
 import sys
 import time
+import typing
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from types import FrameType
@@ -88,6 +89,8 @@ class StreamObserver:
         self.finish_reasons: list[str] = []
         self.first_at: float | None = None
         self.model: str | None = None
+        #: ``model`` is the one an event ending a Responses stream named.
+        self.model_final = False
         self.multi = False
         #: The Responses event that said the response failed, if one did.
         self.failure: str | None = None
@@ -150,10 +153,12 @@ class StreamObserver:
                 holder = holder if isinstance(holder, Mapping) else {}
                 self._first(holder.get("model"), holder.get("id"))
             if not isinstance(choices, list):
-                # A Responses API event: the finished response comes last, so every event
-                # may be kept (the deque keeps the last ones).
-                self.kept.append(payload)
-                self._note_event(payload.get("type"), response)
+                # A Responses API event, kept as .parse() keeps the SDK's event for it (see
+                # _observe_other): the fields the SDK declares for its type tell an extra.
+                kind = payload.get("type")
+                if _is_terminal(kind) or not _responses_event_fields(kind).issuperset(payload):
+                    self.kept.append(payload)
+                self._note_event(kind, response)
                 return
             root_fields, choice_fields = _sdk_fields()
             keep = payload.get("usage") is not None or not root_fields.issuperset(payload)
@@ -183,12 +188,10 @@ class StreamObserver:
             # ``data: null``: llama.cpp (b11312) starts a stream of several prompts with
             # one. It is no first chunk: it names neither the model nor the response.
             return True
-        if self.first_at is None:
-            self._first(getattr(chunk, "model", None), getattr(chunk, "id", None))
         response = getattr(chunk, "response", None)
-        if response is not None and self.model is None:
-            model = getattr(response, "model", None)
-            self.model = model if isinstance(model, str) else None
+        if self.first_at is None:  # a Responses event names its response's model and id
+            holder = chunk if response is None else response
+            self._first(getattr(holder, "model", None), getattr(holder, "id", None))
         kind = getattr(chunk, "type", None)
         if getattr(chunk, "model_extra", None) or _is_terminal(kind):
             self.kept.append(chunk)
@@ -214,7 +217,17 @@ class StreamObserver:
 
     def _note_event(self, kind: Any, response: Any) -> None:
         """A Responses API event that says the response failed, and the finish reason of
-        the first that ends it (one response, one reason, however often it is sent)."""
+        the first that ends it (one response, one reason, however often it is sent).
+
+        The model is that of the first event that ends the response, which carries the
+        finished response, else of the first event carrying a response: an earlier event
+        may name another (a gateway routing the call, a server's alias)."""
+        model = _field(response, "model")
+        if isinstance(model, str) and (
+            self.model is None or (_is_terminal(kind) and not self.model_final)
+        ):
+            self.model = model
+            self.model_final = _is_terminal(kind)
         if isinstance(kind, str) and kind in RESPONSES_FAILURE_EVENTS:
             self.failure = kind
         if not _is_terminal(kind) or self.finish_reasons:
@@ -287,6 +300,39 @@ def _is_terminal(kind: Any) -> bool:
     """A Responses stream event type that carries the finished response (the server may
     send any JSON as the type: the SDK does not check it)."""
     return isinstance(kind, str) and kind in RESPONSES_TERMINAL_EVENTS
+
+
+def _field(obj: Any, name: str) -> Any:
+    """``obj.name``, or ``obj[name]`` of a decoded JSON object (any JSON: None if none)."""
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def _responses_event_fields(kind: Any) -> frozenset[str]:
+    """The fields the SDK declares on the Responses stream event of type ``kind``: what
+    it would not put in the event's ``model_extra``. A type it does not know it builds
+    as the first event of its union (its discriminated-union fallback), as here."""
+    by_type, fallback = _responses_events()
+    return by_type.get(kind, fallback) if isinstance(kind, str) else fallback
+
+
+@functools.cache
+def _responses_events() -> tuple[Mapping[str, frozenset[str]], frozenset[str]]:
+    """Each Responses stream event type's declared fields, and those of the union's first
+    event. Read once, from the ``openai`` package installed (none: every event is kept)."""
+    try:
+        from openai.types.responses import ResponseStreamEvent
+    except ImportError:
+        return {}, frozenset()
+    variants = typing.get_args(ResponseStreamEvent)
+    if typing.get_origin(ResponseStreamEvent) is typing.Annotated:
+        variants = typing.get_args(variants[0])  # Annotated[Union[...], discriminator]
+    by_type: dict[str, frozenset[str]] = {}
+    for variant in variants:
+        fields = variant.model_fields
+        kind_field = fields.get("type")
+        for kind in typing.get_args(None if kind_field is None else kind_field.annotation):
+            by_type.setdefault(kind, frozenset(fields))
+    return by_type, frozenset(variants[0].model_fields) if variants else frozenset()
 
 
 @functools.cache

@@ -199,6 +199,9 @@ class _Answer(NamedTuple):
     body: Any = None
     #: The HTTP status of an error answer.
     status: int | None = None
+    #: Whether the request failed because its timeout ran out (what was raised, not what
+    #: its text says: a server's own message may quote "Timeout").
+    timed_out: bool = False
 
 
 class _Line(NamedTuple):
@@ -464,12 +467,23 @@ def _request(
             # "Connection error." alone: the transport's reason (refused, unknown host,
             # TLS, no scheme in the URL) is only the cause
             problem += f" ({exc.__cause__})"
-        return _Answer(problem=problem[:MAX_ERROR_CHARS])
+        return _Answer(problem=problem[:MAX_ERROR_CHARS], timed_out=_is_timeout(exc))
     if isinstance(body, Mapping) and isinstance(body.get("choices"), list):
         return _Answer(body=body)
     kind = raw.http_response.headers.get("content-type", "no content-type")
     start = raw.http_response.content[:60].decode("utf-8", "replace")
     return _Answer(foreign=f"not a chat completion: {kind}, {start!r}")
+
+
+def _is_timeout(exc: Exception) -> bool:
+    """Whether ``exc`` says a timeout ran out: the SDK's ``APITimeoutError``, or the
+    transport's own timeout (httpx2's or httpx's), which openai 2.54 and earlier raise as
+    it is from a stream's reads (openai 3.63 wraps it), or the standard library's."""
+    import openai
+
+    timeouts = (openai.APITimeoutError, TimeoutError)
+    timeouts += tuple(http.TimeoutException for http in _http_modules())
+    return isinstance(exc, timeouts)
 
 
 def _fix_for(body: Any, max_tokens: int) -> str | None:
@@ -561,9 +575,7 @@ def _none_succeeded(done: list[_Line], timeout: float) -> str:
             "or 403): check --api-key (default $OPENAI_API_KEY) and any header the "
             "gateway needs (--header)."
         )
-    timed_out = len(done) < len(PROBES) or any(
-        "Timeout" in (line.answer.problem or "") for line in done
-    )
+    timed_out = len(done) < len(PROBES) or any(line.answer.timed_out for line in done)
     if statuses <= {None} and timed_out:  # no HTTP status: nothing answered
         return (
             f"No call was answered within --timeout ({timeout:g} s for the whole "

@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -90,7 +91,7 @@ class Providers:
         return any(provider is borrowed for borrowed in self._borrowed)
 
     def shutdown(self) -> None:
-        """Flush and stop both providers (also registered with ``atexit``); idempotent.
+        """Flush and stop both providers (also at exit, for the live one); idempotent.
 
         Returns within ``SHUTDOWN_TIMEOUT_S`` whatever the collector does. The OTLP
         exporters' own deadline (``OTEL_EXPORTER_OTLP_TIMEOUT``, 10 s by default) applies
@@ -105,6 +106,7 @@ class Providers:
         if self._stopped:
             return
         self._stopped = True
+        _live.pop(id(self), None)
         providers: dict[str, _AnyProvider] = {
             "traces": self.tracer_provider,
             "metrics": self.meter_provider,
@@ -435,8 +437,25 @@ _INSTALLED = "by the exporters of the {kind} installed before setup()"
 
 _lock = threading.Lock()
 _built: Providers | None = None
-#: Every provider setup() made (a stopped one may still be the global one).
-_made: list[_AnyProvider] = []
+#: The providers setup() made that are still alive: a stopped one may still be the global
+#: one (the API keeps the first set), which the API holds. Held weakly, so that an app that
+#: runs setup() and shutdown() again and again keeps no stopped provider but those.
+_made: weakref.WeakSet[_AnyProvider] = weakref.WeakSet()
+
+
+#: What setup() built and is not shut down yet, for the exit hook. Held here, not by one
+#: atexit hook per setup(), which kept every stopped ``Providers``, its exporters and
+#: their buffers alive until exit. By id: adding and removing are then each one step, safe
+#: between a shutdown() and a setup() on two threads, without the lock.
+_live: dict[int, Providers] = {}
+_hooked = False
+
+
+def _shutdown_at_exit() -> None:
+    """Flush and stop what is still live. No lock: a thread stopped inside ``setup()``
+    could hold one for good at exit."""
+    for built in list(_live.values()):
+        built.shutdown()
 
 
 def setup(
@@ -457,7 +476,7 @@ def setup(
     if ``uninstrument()`` came between); after that one's ``shutdown()``, it builds new
     providers and instruments with them.
     """
-    global _built
+    global _built, _hooked
     _import_sdk()
     from opentelemetry.sdk.resources import Resource
 
@@ -535,8 +554,13 @@ def setup(
             exports={signal: tuple(where) for signal, where in exports.items() if where},
             _borrowed=borrowed,
         )
-        _made.extend(p for p in (tracer_provider, meter_provider) if p not in borrowed)
-        atexit.register(built.shutdown)
+        _made.update(p for p in (tracer_provider, meter_provider) if p not in borrowed)
+        _live[id(built)] = built
+        if not _hooked:
+            # Once: atexit.unregister empties a slot but keeps it (CPython 3.10 to 3.13),
+            # so moving the hook to the end on each setup() would grow atexit's list too.
+            atexit.register(_shutdown_at_exit)
+            _hooked = True
         # A multiprocessing child (fork) ends with os._exit, where atexit never runs:
         # flush there at multiprocessing's own exit.
         multiprocessing.util.register_after_fork(built, _flush_at_child_exit)

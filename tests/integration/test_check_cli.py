@@ -623,3 +623,87 @@ def test_check_against_a_hung_server_stops_at_its_timeout_in_all(trickle: bool) 
     assert "No call was answered within --timeout (4 s for the whole check)" in out
     assert "raise it" in out
     assert proc.returncode == 1
+
+
+def test_check_says_a_server_that_answers_nothing_in_time_timed_out(simulator_url: str) -> None:
+    """The simulator holds its answer (``slow`` fault, 10 s) past ``--timeout``: the
+    plain call's line is an error (the SDK's ``APITimeoutError``, or the command's own
+    "no answer" when the deadline reaches it first: the request has all the time left)
+    and the verdict is the timeout's, now decided from what was raised or not made,
+    rather than from the lines' texts."""
+    status, lines, out = check(
+        simulator_url,
+        "--timeout",
+        "2",
+        "--header",
+        "x-sim-fault: slow",
+        "--header",
+        "x-sim-delay-ms: 10000",
+    )
+    assert all(lines[probe].startswith("error ") for probe in PROBES), lines
+    assert "No call was answered within --timeout (2 s for the whole check)" in out
+    assert status == 1
+
+
+class ErrorQuotingServer:
+    """A loopback server that answers at once, with errors that carry no HTTP status and
+    quote the word "Timeout": a stream gets one SSE error event (as vLLM reports an error
+    once its stream has begun, ``data: {"error": ...}``) whose message is "upstream
+    Timeout"; a plain call gets the start of its body and then the connection is cut."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                request = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                self.send_response(200)
+                if request.get("stream"):
+                    error = {"error": {"message": "upstream Timeout", "type": "server_error"}}
+                    body = f"data: {json.dumps(error)}\n\n".encode()
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("content-length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", "1000")
+                self.end_headers()
+                self.wfile.write(b'{"error": {"message": "upstream Timeout"')
+                self.close_connection = True
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __enter__(self) -> ErrorQuotingServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_check_does_not_call_errors_that_quote_timeout_a_timeout() -> None:
+    """Every call failed at once, without an HTTP status, and the stream's error message
+    says "upstream Timeout" (openai 3.63.0 raises it as ``APIError: upstream Timeout``).
+    The verdict looked for "Timeout" in the lines' texts, so it said no call was answered
+    within ``--timeout`` and told the user to raise it, for a server that answered every
+    call within a second of a 60 s timeout. The timeout's verdict now needs a timeout to
+    have run out: here it is the verdict for calls that failed."""
+    with ErrorQuotingServer() as server:
+        status, lines, out = run_check(server.url, "--model", "m", "--timeout", "60")
+    assert lines["stream"] == "error             APIError: upstream Timeout", lines["stream"]
+    assert lines["chat"].startswith("error             APIConnectionError: "), lines["chat"]
+    said = " ".join(out.split())
+    assert "No call was answered within --timeout" not in said, out
+    assert "No call succeeded: check the URL" in said, out
+    assert status == 1

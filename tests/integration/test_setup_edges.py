@@ -139,6 +139,65 @@ def test_setup_after_shutdown_records_into_the_new_providers(simulator_url: str)
     assert "spec_decode.acceptance_length" in report["metrics"]
 
 
+CYCLES = """
+import atexit, gc, json, os, sys, weakref, openai, spec_decode_otel
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from spec_decode_otel import sdk_setup
+
+client = openai.OpenAI(base_url=os.environ["SIMULATOR_URL"], api_key="sk-test", max_retries=0)
+providers, made, hooks = [], [], []
+for cycle in range(6):
+    built = spec_decode_otel.setup(
+        f"cycle-{cycle}",
+        set_global=sys.argv[1] == "global",
+        span_processors=[SimpleSpanProcessor(InMemorySpanExporter())],
+    )
+    client.chat.completions.create(model="spec-sim", messages=[{"role": "user", "content": "hi"}])
+    providers.append((weakref.ref(built.tracer_provider), weakref.ref(built.meter_provider)))
+    built.shutdown()
+    del built
+    gc.collect()
+    made.append(len(sdk_setup._made))
+    hooks.append(atexit._ncallbacks())
+client.close()
+print(json.dumps({
+    "alive": [i for i, refs in enumerate(providers) if any(ref() is not None for ref in refs)],
+    "made": made,
+    "hooks": hooks,
+}))
+"""
+
+
+@pytest.mark.parametrize("where", ["global", "not-global"])
+def test_setup_and_shutdown_cycles_keep_no_stopped_providers(
+    simulator_url: str, where: str
+) -> None:
+    """``setup()`` then ``shutdown()``, again and again (a test suite's fixtures, a
+    notebook cell run again, an app re-initialising its telemetry): each ``setup()``
+    registered its ``Providers.shutdown`` with ``atexit`` and added its providers to a
+    module-level list, neither ever removed, so every stopped provider, with its span
+    processors, exporters and their buffers, stayed alive until exit. Only the providers
+    still in use stay: the last ``setup()``'s (what ``setup()`` returns to and
+    instruments with until the next one) and, installed globally, the first one's, which
+    the OpenTelemetry API keeps (it sets a global provider once). The exit hooks and the
+    providers held stay at their size after the first cycles."""
+    done = subprocess.run(
+        [sys.executable, "-c", CYCLES, where],
+        env=clean_env(SIMULATOR_URL=simulator_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["alive"] == ([0, 5] if where == "global" else [5])
+    assert len(set(report["hooks"])) == 1, report["hooks"]
+    held = 4 if where == "global" else 2  # the global pair and the last one's
+    assert report["made"][2:] == [held] * 4, report["made"]
+
+
 AFTER_UNINSTRUMENT = """
 import json, os, warnings, openai, spec_decode_otel
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor

@@ -77,14 +77,21 @@ class RawExchange:
         return events
 
     def timings(self) -> dict[str, Any]:
-        """The response's one ``timings`` object (exactly one message must carry it)."""
-        found = [m["timings"] for m in self.messages() if "timings" in m]
-        assert len(found) == 1, f"{len(found)} messages carry timings in {self.text[:2000]}"
-        return found[0]
+        """The response's final ``timings``: the last message's that carries one.
+
+        Not "exactly one": on a stop-string hit llama.cpp b11312 sends ``timings`` twice,
+        on the partial chunk of the token that completed the stop and on the final chunk
+        (``send_partial_response`` in ``tools/server/server-context.cpp`` fills ``stats``
+        once ``slot.stop`` is set, which ``find_stopping_strings`` does before that
+        partial goes out), and ``timings_per_token`` puts running ones on every chunk.
+        The last is the request's, as the adapter reads it."""
+        return self.timings_message()["timings"]
 
     def timings_message(self) -> dict[str, Any]:
-        (message,) = [m for m in self.messages() if "timings" in m]
-        return message
+        """The last message carrying ``timings`` (there must be one)."""
+        found = [m for m in self.messages() if "timings" in m]
+        assert found, f"no message carries timings in {self.text[:2000]}"
+        return found[-1]
 
 
 class _Tee:

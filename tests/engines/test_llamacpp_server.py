@@ -24,9 +24,11 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from harness import (
     A_ACCEPTED,
@@ -45,9 +47,10 @@ from harness import (
 )
 from llama_server import M_ACCEPTED_TOKENS as SERVER_ACCEPTED
 from llama_server import M_DRAFT_TOKENS as SERVER_DRAFTED
-from llama_server import LlamaInstall, LlamaServer
+from llama_server import M_DRAFTS, SPEC_ARGS, LlamaInstall, LlamaServer, parse_prometheus_text
 
 from check_command import PROBES, run_check
+from spec_decode_otel.simulator import SimulatorConfig, SimulatorServer
 
 pytestmark = pytest.mark.engine
 
@@ -418,6 +421,168 @@ async def test_stream_of_several_prompts_names_its_model_despite_a_null_first_ev
     spans = telemetry.spans()
     assert [s.attributes["spec_decode.outcome"] for s in spans] == ["multi_sequence"] * 2
     assert [s.attributes.get("gen_ai.response.model") for s in spans] == [*models] * 2
+
+
+def test_a_stop_string_hit_sends_timings_twice_and_the_span_records_the_last(
+    llama_server: Any, telemetry: Telemetry
+) -> None:
+    """A completions stream ended by a ``stop`` string: llama.cpp b11312 sends ``timings``
+    on two chunks, the partial chunk of the token that completed the stop (its text the
+    part before the stop, maybe empty) and the final chunk (``send_partial_response`` in
+    ``tools/server/server-context.cpp`` fills ``stats`` once ``slot.stop`` is set, and
+    ``find_stopping_strings`` sets it before that partial is sent). Both say the same
+    counts; the span records the last, and it reconciles with the server's /metrics.
+    The stop string is cut from the middle of the same prompt's greedy reply."""
+    server = llama_server("noisy")
+    sink = Exchanges()
+    with sync_client(server.base_url, sink) as client:
+        text = client.completions.create(**_params("completions", PROMPTS[1])).choices[0].text
+        stop = text[len(text) // 2 : len(text) // 2 + 3]
+        telemetry.take_spans()
+        sink.take()
+        before = server.metrics()
+        params = _params("completions", PROMPTS[1], stream=True, stop=[stop])
+        with client.completions.create(**params) as stream:
+            chunks = list(stream)
+    (raw,) = sink.take()
+    carriers = [m for m in raw.messages() if "timings" in m]
+    assert len(carriers) == 2, raw.text
+    assert carriers[0]["timings"] == carriers[1]["timings"]
+    assert carriers[0]["choices"][0]["finish_reason"] is None
+    assert carriers[1]["choices"][0]["finish_reason"] == "stop"
+    assert "".join(c.choices[0].text for c in chunks) == text[: text.find(stop)]
+    assert raw.timings() == carriers[-1]["timings"]
+    (span,) = telemetry.spans()
+    want = expected_attributes(raw.timings())
+    assert {k: spec_attributes(span).get(k) for k in want} == want
+    after = server.metrics()
+    assert after[SERVER_DRAFTED] - before.get(SERVER_DRAFTED, 0.0) == raw.timings()["draft_n"]
+
+
+# --------------------------------------------------------------------------- the simulator
+
+
+@pytest.fixture(scope="module")
+def simulated_llamacpp() -> Iterator[SimulatorServer]:
+    """The simulator's llama.cpp shape drafting as the server with the identical draft
+    does: the server's draft length (``--spec-draft-n-max``), every draft accepted, the
+    tiny models' context, and replies that never end by themselves within it (the tiny
+    target's greedy replies run to a limit)."""
+    from tiny_models import N_CTX
+
+    k = int(SPEC_ARGS[SPEC_ARGS.index("--spec-draft-n-max") + 1])
+    config = SimulatorConfig(
+        engine="llamacpp",
+        k=k,
+        alpha=1.0,
+        llamacpp_n_ctx=N_CTX,
+        min_length=2 * N_CTX,
+        max_length=2 * N_CTX,
+    )
+    with SimulatorServer(config) as sim:
+        yield sim
+
+
+def _metrics(url: str) -> dict[str, float]:
+    return parse_prometheus_text(httpx.get(f"{url}/metrics", timeout=10.0).text)
+
+
+def _answer(base_url: str, **body: Any) -> tuple[int, Any]:
+    """Status and what a client can tell of one completions answer: the error body, or
+    the finish reason, the token count and the draft counts."""
+    body = {"model": "tiny-target", "prompt": PROMPTS[1], "temperature": 0, **body}
+    response = httpx.post(f"{base_url}/completions", json=body, timeout=120.0)
+    answer = response.json()
+    if response.status_code != 200:
+        return response.status_code, answer
+    timings = answer["timings"]
+    counts = (timings.get("draft_n"), timings.get("draft_n_accepted"))
+    choice = answer["choices"][0]
+    return 200, (choice["finish_reason"], answer["usage"]["completion_tokens"], *counts)
+
+
+@pytest.mark.parametrize("max_tokens", [0, 1, 2, 3, 4, 5, 8, 16, -2])
+def test_the_simulator_drafts_and_limits_as_llamacpp_does_for_max_tokens(
+    max_tokens: int, llama_server: Any, simulated_llamacpp: SimulatorServer
+) -> None:
+    """llama.cpp b11312 against the simulator, ``max_tokens`` at and near its edges.
+
+    - 0 is answered, with one token (finish ``length``): ``process_token``
+      (``tools/server/server-context.cpp``) checks the budget only once a token is out;
+      below -1 it is llama.cpp's own 400 (``server-schema.cpp``: ``n_predict`` hard
+      limits -1 .. INT32_MAX).
+    - A draft is cut to the tokens left minus one (``get_n_draft_max``: ``n_remaining()
+      - 1``), so a reply of at most two tokens drafts nothing (no ``draft_n``), and with
+      every draft accepted ``draft_n`` is exactly what that rule leaves."""
+    server = llama_server("identical")
+    real_before, sim_before = server.metrics(), _metrics(simulated_llamacpp.url)
+    real = _answer(server.base_url, max_tokens=max_tokens)
+    simulated = _answer(simulated_llamacpp.base_url, max_tokens=max_tokens)
+    assert simulated == real
+    # Verify steps: only a step that drafted counts (``n_draft_verif_steps``).
+    real_steps = server.metrics().get(M_DRAFTS, 0.0) - real_before.get(M_DRAFTS, 0.0)
+    sim_steps = _metrics(simulated_llamacpp.url)[M_DRAFTS] - sim_before[M_DRAFTS]
+    assert sim_steps == real_steps
+
+
+@pytest.mark.parametrize(("words", "max_tokens"), [(0, -1), (240, 16), (250, 16), (254, 16)])
+def test_the_simulator_ends_and_refuses_at_the_context_as_llamacpp_does(
+    words: int, max_tokens: int, llama_server: Any, simulated_llamacpp: SimulatorServer
+) -> None:
+    """llama.cpp b11312 against the simulator given the same context (the tiny models'
+    256 tokens) and a prompt of the same token count (the simulator counts a word a
+    token; the real count is read from the real answer). A prompt that fills the
+    context is the same 400 (``exceed_context_size_error``, ``update_slots`` in
+    ``tools/server/server-context.cpp``); a shorter one ends at the context's end with
+    the same token and draft counts (``process_token``, ``get_n_draft_max``). Not
+    compared: ``draft_n_accepted``, which the real server counts for the drafts of the
+    step cut at the end too."""
+    prompt = " ".join(["word"] * words) if words else PROMPTS[1]
+    real_status, real = _answer(
+        llama_server("identical").base_url, prompt=prompt, max_tokens=max_tokens
+    )
+    if real_status == 400:
+        count = real["error"]["n_prompt_tokens"]
+    else:
+        count = httpx.post(
+            f"{llama_server('identical').base_url}/completions",
+            json={"prompt": prompt, "max_tokens": 1},
+            timeout=120.0,
+        ).json()["usage"]["prompt_tokens"]
+        real = real[:3]
+    simulated_status, simulated = _answer(
+        simulated_llamacpp.base_url, prompt=" ".join(["word"] * count), max_tokens=max_tokens
+    )
+    if simulated_status == 200:
+        simulated = simulated[:3]
+    assert (simulated_status, simulated) == (real_status, real)
+
+
+def test_the_simulator_sends_a_stop_hits_timings_twice_as_llamacpp_does(
+    llama_server: Any, simulated_llamacpp: SimulatorServer
+) -> None:
+    """A completions stream ended by a ``stop`` string, on both servers: ``timings`` on
+    the stop token's chunk (no finish reason yet) and again on the final chunk, the
+    same counts on both. Each server's stop string is cut from its own reply (the
+    simulator's made the same by a fixed ``x-sim-seed``)."""
+    seed = {"extra_headers": {"x-sim-seed": "5"}}
+
+    def carriers(base_url: str) -> list[tuple[str | None, bool]]:
+        sink = Exchanges()
+        with sync_client(base_url, sink) as client:
+            reply = client.completions.create(**_params("completions", PROMPTS[1], **seed))
+            text = reply.choices[0].text
+            stop = text[len(text) // 2 : len(text) // 2 + 3]
+            params = _params("completions", PROMPTS[1], stream=True, stop=[stop], **seed)
+            with client.completions.create(**params) as stream:
+                list(stream)
+        raw = sink.take()[-1]
+        found = [m for m in raw.messages() if "timings" in m]
+        return [(m["choices"][0]["finish_reason"], m["timings"] == raw.timings()) for m in found]
+
+    real = carriers(llama_server("identical").base_url)
+    assert real == [(None, True), ("stop", True)]
+    assert carriers(simulated_llamacpp.base_url) == real
 
 
 def test_two_choices_give_no_record(llama_server: Any, telemetry: Telemetry) -> None:

@@ -22,6 +22,12 @@ the one ``scripts/install-llama-server.sh`` builds) and checked against the buil
   reason, ``usage`` and ``timings``, whatever ``stream_options`` says, and sends no
   ``choices: []`` chunk. A chat sequence starts with a role chunk whose ``content`` is
   null. Every chunk has ``system_fingerprint``.
+- ``tools/server/server-context.cpp``: a stop string's partial result carries
+  ``timings`` too (``send_partial_response``); drafts stay within what ``max_tokens``
+  and the context leave (``get_n_draft_max``); ``max_tokens`` 0 still gives one token
+  (``process_token``); a prompt that fills the context is a 400
+  ``exceed_context_size_error`` (``update_slots``). tests/engines/ compares these with
+  the real server.
 """
 
 from __future__ import annotations
@@ -215,3 +221,180 @@ def test_an_instrumented_call_for_two_sequences_is_multi_sequence(
     assert "spec_decode.num_draft_tokens" not in span.attributes
     tracer_provider.shutdown()
     meter_provider.shutdown()
+
+
+def _stop_inside(text: str) -> str:
+    """Three characters from the middle of a word past the first: the token that
+    completes them shows some text (its leading space) before the stop."""
+    word = next(w for w in text.split()[2:] if len(w) >= 5)
+    return word[1:4]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_stop_string_hit_sends_timings_on_the_stop_chunk_and_the_last(
+    http: Any, path: str
+) -> None:
+    """llama.cpp b11312 sends a stop-ended sequence's ``timings`` twice: on the partial
+    result of the token that completed the stop (``send_partial_response``,
+    ``server-context.cpp``: stats once ``slot.stop`` is set, which
+    ``find_stopping_strings`` does before that partial goes out) and on the final
+    chunk; tests/engines/test_llamacpp_server.py compares a completions stream with the
+    real server's. Both say the same counts, and the record is the last one's."""
+    text = post(http, path).json()["choices"][0]
+    text = text["message"]["content"] if path == "/chat/completions" else text["text"]
+    stop = _stop_inside(text)
+    chunks = stream(http, path, include_usage=False, stop=[stop])
+    carriers = [c for c in chunks if "timings" in c]
+    assert len(carriers) == 2
+    assert carriers[0]["timings"] == carriers[1]["timings"]
+    assert carriers[0]["choices"][0]["finish_reason"] is None
+    assert carriers[1] is chunks[-1] and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    piece = carriers[0]["choices"][0]
+    assert (piece["delta"]["content"] if path == "/chat/completions" else piece["text"]) != ""
+    record = record_from_json(chunks, body_for(path, stream=True, stop=[stop]))
+    assert record is not None and record.num_draft_tokens == carriers[1]["timings"]["draft_n"]
+
+
+def test_a_stop_hit_on_the_first_token_with_no_text_puts_timings_on_the_role_chunk(
+    http: Any,
+) -> None:
+    """A chat stop that matches at the very start: the first token's partial result has
+    no text, so its only delta is the role one (``to_json_oaicompat_chat`` in
+    ``server-task.cpp`` sends a chunk only for a delta), and that carries ``timings``.
+    A completions partial is sent even with no text."""
+    text = post(http, "/chat/completions").json()["choices"][0]["message"]["content"]
+    stop = text[:3]
+    chat = stream(http, "/chat/completions", include_usage=False, stop=[stop])
+    assert [c["choices"][0]["delta"] for c in chat if "timings" in c] == [
+        {"role": "assistant", "content": None},
+        {},
+    ]
+    completion = post(http, "/completions").json()["choices"][0]["text"]
+    chunks = stream(http, "/completions", include_usage=False, stop=[completion[:3]])
+    assert [(c["choices"][0]["text"], "timings" in c) for c in chunks] == [
+        ("", True),
+        ("", True),
+    ]
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2])
+@pytest.mark.parametrize("path", PATHS)
+def test_a_reply_of_at_most_two_tokens_drafts_nothing(
+    http: Any, sim: SimulatorServer, path: str, max_tokens: int
+) -> None:
+    """llama.cpp b11312 drafts at most the tokens left minus one (``get_n_draft_max`` in
+    ``server-context.cpp``: ``n_remaining() - 1``): after the first token of a
+    two-token reply there is no room, so ``timings`` has no ``draft_n`` and the
+    server's draft counters do not move (the real server, tests/engines/)."""
+    before = httpx.get(f"{sim.url}/metrics").text
+    body = post(http, path, max_tokens=max_tokens).json()
+    assert body["timings"]["predicted_n"] == max_tokens
+    assert "draft_n" not in body["timings"]
+    assert httpx.get(f"{sim.url}/metrics").text == before
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_every_draft_fits_in_what_max_tokens_leaves(http: Any, path: str) -> None:
+    """Each draft is cut to the tokens left minus one, so with ``max_tokens`` = 3 the
+    only draft is one token long, whatever ``k`` (4 here) and the acceptance."""
+    for seed in range(8):
+        timings = post(http, path, seed=seed, max_tokens=3).json()["timings"]
+        assert timings["predicted_n"] == 3 and timings["draft_n"] == 1
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_max_tokens_zero_is_answered_with_one_token(http: Any, path: str) -> None:
+    """llama.cpp b11312 takes ``max_tokens`` 0 (``n_predict``, hard limits -1 ..
+    INT32_MAX in ``server-schema.cpp``) and still generates one token: ``process_token``
+    (``server-context.cpp``) checks the budget only once a token is out. The answer is
+    one token, finish ``length``, nothing drafted."""
+    response = post(http, path, max_tokens=0)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 1 == body["timings"]["predicted_n"]
+    assert "draft_n" not in body["timings"]
+
+
+def test_max_tokens_minus_one_is_no_limit_and_below_is_llamacpps_own_bad_request(
+    http: Any,
+) -> None:
+    """-1 is ``n_predict``'s "no limit"; below it llama.cpp b11312 answers its own 400
+    naming the field the request used (``handle_with_catch`` in ``server-schema.cpp``;
+    ``max_completion_tokens`` is read before ``max_tokens``; a Responses request's
+    ``max_output_tokens`` is renamed ``max_tokens`` first, ``server-chat.cpp``: all
+    three seen from the real server)."""
+    unlimited = post(http, "/chat/completions", max_tokens=-1).json()
+    assert unlimited["choices"][0]["finish_reason"] == "stop"
+    responses = {"model": "spec-sim", "input": "llama wire", "max_output_tokens": -2}
+    for field, response in (
+        ("max_tokens", post(http, "/completions", max_tokens=-2)),
+        ("max_completion_tokens", post(http, PATHS[0], max_tokens=5, max_completion_tokens=-2)),
+        ("max_tokens", http.post("/responses", json=responses)),
+    ):
+        assert response.status_code == 400
+        assert response.json() == {
+            "error": {
+                "code": 400,
+                "message": f"Field '{field}': Value must be between -1 <= value <= "
+                "2147483647, but got -2",
+                "type": "invalid_request_error",
+            }
+        }
+
+
+def test_other_engines_still_refuse_a_token_limit_below_one(sim: SimulatorServer) -> None:
+    """Only the llama.cpp shape takes 0 and -1; the others answer as before, the request
+    model's 400 naming the field."""
+    body = {"model": "spec-sim", "prompt": "x", "max_tokens": 0}
+    response = httpx.post(
+        f"{sim.base_url}/completions", json=body, headers={"x-spec-decode-engine": "vllm"}
+    )
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {
+            "message": "max_tokens: Input should be greater than or equal to 1",
+            "type": "invalid_request_error",
+            "param": "max_tokens",
+            "code": None,
+        }
+    }
+
+
+def test_a_prompt_that_fills_the_context_is_llamacpps_own_400_and_a_reply_stops_at_its_end() -> (
+    None
+):
+    """With ``llamacpp_n_ctx`` set, a prompt of at least that many tokens is refused as
+    llama.cpp b11312 refuses it (``update_slots`` in ``server-context.cpp``: HTTP 400,
+    type ``exceed_context_size_error``, the body's ``n_prompt_tokens`` and ``n_ctx``
+    from ``server_task_result_error::to_json``), streamed or not. A shorter one is
+    answered up to the context's end, finish ``length``: the step whose verified tokens
+    reach it emits one token and ends the reply (``process_token`` checks the context
+    with the whole step in the cache), and drafts stay within the room
+    (``get_n_draft_max``). The real server with the tiny models' 256-token context and
+    the identical draft (every draft accepted, 4 a step) answers a 242-token prompt with
+    12 tokens of which 10 drafted, a 252-token one with 2 and 2 (tests/engines/ compares
+    them)."""
+    words = lambda n: " ".join(["word"] * n)  # noqa: E731 - one simulated token a word
+    config = SimulatorConfig(engine="llamacpp", k=4, alpha=1.0, llamacpp_n_ctx=256)
+    with SimulatorServer(config) as sim:
+        for stream in (False, True):
+            body = {"model": "spec-sim", "prompt": words(256), "max_tokens": 8, "stream": stream}
+            response = httpx.post(f"{sim.base_url}/completions", json=body)
+            assert response.status_code == 400
+            assert response.json() == {
+                "error": {
+                    "code": 400,
+                    "message": "request (256 tokens) exceeds the available context size "
+                    "(256 tokens), try increasing it",
+                    "type": "exceed_context_size_error",
+                    "n_prompt_tokens": 256,
+                    "n_ctx": 256,
+                }
+            }
+        for prompt_tokens, completion_tokens, drafted in ((242, 12, 10), (252, 2, 2)):
+            body = {"model": "spec-sim", "prompt": words(prompt_tokens), "max_tokens": 16}
+            answer = httpx.post(f"{sim.base_url}/completions", json=body).json()
+            assert answer["choices"][0]["finish_reason"] == "length"
+            assert answer["usage"]["completion_tokens"] == completion_tokens
+            assert answer["timings"]["draft_n"] == drafted

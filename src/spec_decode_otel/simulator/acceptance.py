@@ -122,19 +122,47 @@ class Generation:
         return [a + 1 for a in self.per_step_accepted]
 
 
-def generate(rng: random.Random, profile: AcceptanceProfile, limit: int) -> Generation:
+def generate(
+    rng: random.Random,
+    profile: AcceptanceProfile,
+    limit: int,
+    *,
+    draft_budget: int | None = None,
+    context_room: int | None = None,
+) -> Generation:
     """Sample steps until ``limit`` tokens exist, applying the truncation rule at the end.
 
     ``limit`` is the number of completion tokens the sequence ends with (already the
     minimum of max_tokens, a stop-string cut and the natural length); it must be >= 1.
+
+    ``draft_budget``: the tokens the server knows it may still generate in all (its
+    ``max_tokens``), for a server that drafts no more than fits in it: each draft is
+    cut to the tokens left minus the one the step itself adds, and a step with no room
+    for a draft drafts nothing (0 drafted, 0 accepted, one token).
+
+    ``context_room``: the tokens the context has left after the prompt, for a server
+    that drafts within it as within ``draft_budget`` and stops where it ends (llama.cpp):
+    it checks the context against the whole verified step before emitting the step's
+    first token, so the step that reaches the end emits that one token and the sequence
+    ends there (shorter than ``limit``), its drafts counted rejected as the truncation
+    rule counts them.
     """
     if limit < 1:
         raise ValueError("a completion has at least one token")
     gen = Generation(completion_tokens=1)  # the prefill token
     schedule = itertools.cycle(profile.schedule)
+    budgets = [b for b in (draft_budget, context_room) if b is not None]
     while gen.completion_tokens < limit:
         drafted = next(schedule)
-        accepted = min(sample_step(rng, drafted, profile), limit - gen.completion_tokens - 1)
+        for budget in budgets:
+            drafted = max(0, min(drafted, budget - gen.completion_tokens - 1))
+        sampled = sample_step(rng, drafted, profile)
+        if context_room is not None and gen.completion_tokens + sampled + 1 >= context_room:
+            gen.per_step_drafted.append(drafted)
+            gen.per_step_accepted.append(0)
+            gen.completion_tokens += 1
+            break
+        accepted = min(sampled, limit - gen.completion_tokens - 1)
         gen.per_step_drafted.append(drafted)
         gen.per_step_accepted.append(accepted)
         gen.completion_tokens += accepted + 1

@@ -119,6 +119,51 @@ def refuse_several(engine: str, req: OpenAIRequest, prompts: list[object]) -> No
         raise SimulatorError.invalid("Only one completion choice is allowed")
 
 
+#: llama.cpp's ``n_predict`` bounds (``server-schema.cpp``: hard limits -1 .. INT32_MAX).
+LLAMACPP_PREDICT_RANGE = (-1, 2**31 - 1)
+
+
+def token_limit(engine: str, req: OpenAIRequest) -> int | None:
+    """The request's token limit as the engine reads it (None: no limit).
+
+    llama.cpp b11312 reads ``max_tokens`` and its aliases as ``n_predict``, from -1 to
+    INT32_MAX (``server-schema.cpp``; outside it, its own 400 naming the field, which a
+    Responses request's ``max_output_tokens`` is renamed to ``max_tokens`` before,
+    ``server-chat.cpp``). -1 is no limit. 0 still gives one token, finish ``length``:
+    ``process_token`` (``server-context.cpp``) checks the budget only once a token is
+    out (``n_gen > 0 && !has_budget()``). Every other engine is refused a limit below 1,
+    as OpenAI's API refuses it."""
+    for field in type(req).model_fields:  # in the order the request model checked them
+        value = getattr(req, field) if field in req.LIMIT_FIELDS else None
+        if engine != "llamacpp" and value is not None and value < 1:
+            message = f"{field}: Input should be greater than or equal to 1"
+            raise SimulatorError(400, error_body(message, "invalid_request_error", None, field))
+    limit = req.token_limit()
+    if engine != "llamacpp" or limit is None:
+        return limit
+    low, high = LLAMACPP_PREDICT_RANGE
+    if not low <= limit <= high:
+        name = "max_tokens" if req.KIND == "responses" else req.token_limit_field()
+        raise SimulatorError.llamacpp_bad_request(
+            f"Field '{name}': Value must be between {low} <= value <= {high}, but got {limit}"
+        )
+    return None if limit == -1 else max(limit, 1)
+
+
+def context_room(n_ctx: int | None, prompt_tokens: int) -> int | None:
+    """The tokens llama.cpp's context (``n_ctx``; None: no limit) leaves after a prompt.
+
+    llama.cpp b11312 refuses a prompt that fills the context, with its own 400 before a
+    byte is streamed (``update_slots`` in ``server-context.cpp``), and ends a reply
+    where the context ends (``process_token``; ``--context-shift`` is off by default),
+    drafting only within it (``get_n_draft_max``): see ``acceptance.generate``."""
+    if n_ctx is None:
+        return None
+    if prompt_tokens >= n_ctx:
+        raise SimulatorError.llamacpp_exceeds_context(prompt_tokens, n_ctx)
+    return n_ctx - prompt_tokens
+
+
 class Simulator:
     """Turns validated requests into plans; holds the request counter behind the seeds."""
 
@@ -145,15 +190,24 @@ class Simulator:
         sglang_meta = wants_meta_info(engine, req)
         prompts = req.prompts()
         refuse_several(engine, req, prompts)
+        counts = tuple(count_prompt_tokens(p) for p in prompts)
+        n_ctx = cfg.llamacpp_n_ctx if engine == "llamacpp" else None
         lengths = (cfg.min_length, cfg.max_length)
+        limit = token_limit(engine, req)
         choices = [
             plan_choice(
-                choice_rng(seed, request_no, i), profile, i, req.token_limit(), req.stops, lengths
+                choice_rng(seed, request_no, i),
+                profile,
+                i,
+                limit,
+                req.stops,
+                lengths,
+                cap_drafts=engine == "llamacpp",
+                context_room=context_room(n_ctx, counts[i // req.n]),
             )
             for i in range(req.n * len(prompts))
         ]
         force_usage = cfg.force_include_usage and engine in ("vllm", "vllm-premerge")
-        counts = tuple(count_prompt_tokens(p) for p in prompts)
         return RequestPlan(
             kind=req.KIND,
             engine=engine,

@@ -92,6 +92,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-length", type=int, default=64, help="natural length, minimum")
     parser.add_argument("--max-length", type=int, default=256, help="natural length, maximum")
     parser.add_argument(
+        "--llamacpp-n-ctx",
+        type=int,
+        default=None,
+        help="llama.cpp: context size; a prompt that fills it is its 400 (default: none)",
+    )
+    parser.add_argument(
         "--step-delay-ms", type=float, default=0.0, help="real delay between streamed chunks"
     )
     parser.add_argument("--log-level", default="warning", help="uvicorn log level")

@@ -67,6 +67,14 @@ class SimulatorConfig(BaseModel):
     served_model: str = "spec-sim"
     min_length: int = Field(64, ge=1, description="natural completion length, lower bound")
     max_length: int = Field(256, ge=1, description="natural completion length, upper bound")
+    llamacpp_n_ctx: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "llama.cpp: the context size (its -c): a prompt that fills it is refused, a "
+            "reply stops where it ends; none by default (a real server takes its model's)"
+        ),
+    )
     step_delay_ms: float = Field(
         0.0, ge=0.0, description="real time spent per streamed chunk (0 = as fast as possible)"
     )

@@ -103,11 +103,21 @@ def plan_choice(
     max_tokens: int | None,
     stops: Sequence[str],
     length_range: tuple[int, int],
+    *,
+    cap_drafts: bool = False,
+    context_room: int | None = None,
 ) -> ChoicePlan:
-    """Sample one sequence: natural length, words, stop cut, then the verify steps."""
+    """Sample one sequence: natural length, words, stop cut, then the verify steps.
+
+    ``cap_drafts``: the server drafts only what ``max_tokens`` leaves room for
+    (llama.cpp; see ``acceptance.generate``'s ``draft_budget``). ``context_room``: the
+    tokens the server's context has left after the prompt; a sequence that reaches its
+    end stops there, finish ``length`` (``acceptance.generate``)."""
     natural = rng.randint(*length_range)
-    limit = natural if max_tokens is None else min(natural, max_tokens)
-    finish = "length" if max_tokens is not None and max_tokens < natural else "stop"
+    caps = [c for c in (max_tokens, context_room) if c is not None]
+    cap = min(caps) if caps else None
+    limit = natural if cap is None else min(natural, cap)
+    finish = "length" if cap is not None and cap < natural else "stop"
     words = [rng.choice(FILLER) for _ in range(limit)]
     tokens = [w.capitalize() if i == 0 else " " + w for i, w in enumerate(words)]
     offsets = list(itertools.accumulate(map(len, tokens), initial=0))
@@ -117,7 +127,10 @@ def plan_choice(
     if cut is not None:
         limit, visible, matched = cut
         finish = "stop"
-    gen = generate(rng, profile, limit)
+    budget = max_tokens if cap_drafts else None
+    gen = generate(rng, profile, limit, draft_budget=budget, context_room=context_room)
+    if gen.completion_tokens < limit:  # the context ended it first
+        limit, visible, matched, finish = gen.completion_tokens, None, None, "length"
     text = "".join(tokens[:limit])[:visible]
     # split the visible text at the step boundaries
     ends = [min(len(text), offsets[t]) for t in itertools.accumulate(gen.step_tokens(), initial=1)]

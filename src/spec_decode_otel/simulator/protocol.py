@@ -25,10 +25,13 @@ class OpenAIRequest(BaseModel):
     """Fields every OpenAI-compatible server reads; unknown ones are kept, not refused."""
 
     KIND: ClassVar[Kind]
+    #: The token-limit fields, the one read first first (a server reads one of them).
+    LIMIT_FIELDS: ClassVar[tuple[str, ...]] = ("max_tokens",)
     model_config = ConfigDict(extra="allow")
     model: str
     n: int = Field(1, ge=1, le=128)
-    max_tokens: int | None = Field(None, ge=1)
+    # Not ge=1 here: llama.cpp takes 0 and -1 (``app.token_limit`` checks per engine).
+    max_tokens: int | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -58,20 +61,23 @@ class OpenAIRequest(BaseModel):
         """One entry per prompt; each prompt gets ``n`` sequences."""
         raise NotImplementedError
 
+    def token_limit_field(self) -> str | None:
+        """The limit field the server reads: the first of ``LIMIT_FIELDS`` that is set."""
+        return next((f for f in self.LIMIT_FIELDS if getattr(self, f) is not None), None)
+
     def token_limit(self) -> int | None:
-        return self.max_tokens
+        name = self.token_limit_field()
+        return None if name is None else int(getattr(self, name))
 
 
 class ChatCompletionRequest(OpenAIRequest):
     KIND = "chat"
+    LIMIT_FIELDS = ("max_completion_tokens", "max_tokens")
     messages: list[dict[str, Any]] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = None
 
     def prompts(self) -> list[object]:
         return [self.messages]
-
-    def token_limit(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
 
 
 class CompletionRequest(OpenAIRequest):
@@ -86,14 +92,12 @@ class CompletionRequest(OpenAIRequest):
 
 class ResponsesRequest(OpenAIRequest):
     KIND = "responses"
+    LIMIT_FIELDS = ("max_output_tokens",)
     input: str | list[dict[str, Any]]
-    max_output_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = None
 
     def prompts(self) -> list[object]:
         return [self.input]
-
-    def token_limit(self) -> int | None:
-        return self.max_output_tokens
 
 
 def error_body(message: str, type_: str, code: str | int | None, param: str | None = None) -> JSON:
@@ -137,6 +141,18 @@ class SimulatorError(Exception):
         return cls(
             400, {"error": {"code": 400, "message": message, "type": "invalid_request_error"}}
         )
+
+    @classmethod
+    def llamacpp_exceeds_context(cls, prompt_tokens: int, n_ctx: int) -> SimulatorError:
+        """llama.cpp b11312's refusal of a prompt that fills the context (``update_slots``
+        in ``server-context.cpp``; ``server_task_result_error::to_json`` in
+        ``server-task.cpp`` adds the two counts to ``format_error_response``'s body)."""
+        message = (
+            f"request ({prompt_tokens} tokens) exceeds the available context size "
+            f"({n_ctx} tokens), try increasing it"
+        )
+        error = {"code": 400, "message": message, "type": "exceed_context_size_error"}
+        return cls(400, {"error": {**error, "n_prompt_tokens": prompt_tokens, "n_ctx": n_ctx}})
 
 
 #: SGLang 0.5.23's refusal of a streamed chat request that asks for ``return_meta_info``

@@ -285,7 +285,15 @@ def llamacpp_chunks(plan: RequestPlan) -> Iterator[JSON]:
     with the others (``server_task_result_cmpl_partial``, ``..._final``), and ends with
     its own final chunks (``_llamacpp_final``), so with ``n`` > 1 the stream holds
     ``n`` finish chunks with ``timings`` (and, with ``include_usage``, ``n`` usage
-    chunks). A chat sequence starts with a role chunk whose ``content`` is null."""
+    chunks). A chat sequence starts with a role chunk whose ``content`` is null.
+
+    A sequence ended by a stop string sends its ``timings`` twice: the partial result of
+    the token that completed the stop carries them too (``send_partial_response`` in
+    ``server-context.cpp`` fills ``stats`` once ``slot.stop`` is set, and
+    ``find_stopping_strings`` sets it first). A completions partial is always sent, its
+    text maybe empty; a chat partial only when it has a delta (``to_json_oaicompat_chat``
+    in ``server-task.cpp``: the role delta of a first token, or some text). Here the
+    partial is the stop step's chunk: the simulator streams a verify step as one chunk."""
     chat = plan.kind == "chat"
     if chat:
         for c in plan.choices:
@@ -294,12 +302,24 @@ def llamacpp_chunks(plan: RequestPlan) -> Iterator[JSON]:
                 "index": c.index,
                 "delta": {"role": "assistant", "content": None},
             }
-            yield _llamacpp_chunk(plan, role)
+            chunk = _llamacpp_chunk(plan, role)
+            if len(c.pieces) == 1 and not c.pieces[0] and _stopped_by_string(c):
+                chunk["timings"] = plan.llamacpp_timings(c)
+            yield chunk
     for step, c in plan.steps():
-        if c.pieces[step]:
-            yield _llamacpp_chunk(plan, _llamacpp_choice(plan, c, c.pieces[step], None))
-        if step == len(c.pieces) - 1:
+        last = step == len(c.pieces) - 1
+        stop_hit = last and _stopped_by_string(c)
+        if c.pieces[step] or (stop_hit and not chat):
+            chunk = _llamacpp_chunk(plan, _llamacpp_choice(plan, c, c.pieces[step], None))
+            if stop_hit:
+                chunk["timings"] = plan.llamacpp_timings(c)
+            yield chunk
+        if last:
             yield from _llamacpp_final(plan, c)
+
+
+def _stopped_by_string(c: ChoicePlan) -> bool:
+    return isinstance(c.matched_stop, str)
 
 
 # --- mlx-vlm 0.7.10 (chat) ------------------------------------------------------------

@@ -69,7 +69,9 @@ class ServerMetrics:
     def count(self, generations: Iterable[Generation]) -> None:
         """Add the verify steps of one answered request (one generation per sequence)."""
         for gen in generations:
-            self.drafts += gen.num_spec_steps
+            # A step that drafted nothing (llama.cpp near ``max_tokens``) is no draft:
+            # llama.cpp counts ``n_draft_verif_steps`` only for a verified draft.
+            self.drafts += sum(1 for d in gen.per_step_drafted if d)
             self.draft_tokens += gen.num_draft_tokens
             self.accepted_tokens += gen.num_accepted_draft_tokens
             positions = self.accepted_per_position

@@ -383,7 +383,28 @@ def test_check_with_a_full_disk_for_stdout_says_so_once(simulator_url: str) -> N
     assert done.stderr == said
 
 
-class CannedServer:
+class LoopbackServer:
+    """A threaded HTTP server on loopback serving ``handler``, for ``with`` blocks."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __enter__(self) -> LoopbackServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class CannedServer(LoopbackServer):
     """A loopback server that answers every POST, streamed or not, with the same status,
     content type, body and extra headers: a login page, another API's JSON, an error
     message made to move a terminal's cursor, a gzip bomb."""
@@ -408,21 +429,7 @@ class CannedServer:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def __enter__(self) -> CannedServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 @contextlib.contextmanager
@@ -645,7 +652,7 @@ def test_check_says_a_server_that_answers_nothing_in_time_timed_out(simulator_ur
     assert status == 1
 
 
-class ErrorQuotingServer:
+class ErrorQuotingServer(LoopbackServer):
     """A loopback server that answers at once, with errors that carry no HTTP status and
     quote the word "Timeout": a stream gets one SSE error event (as vLLM reports an error
     once its stream has begun, ``data: {"error": ...}``) whose message is "upstream
@@ -675,21 +682,7 @@ class ErrorQuotingServer:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def __enter__(self) -> ErrorQuotingServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 def test_check_does_not_call_errors_that_quote_timeout_a_timeout() -> None:

@@ -82,11 +82,11 @@ async def test_setup_exports_nothing_of_a_signal_whose_exporter_is_none(
         assert "spec_decode.acceptance_length" in got["metrics"]
 
 
-def _report_of(script: str, simulator_url: str) -> Any:
-    """What ``script`` printed as JSON, run in a process of its own against the
-    simulator (``setup()`` installs process-wide state)."""
+def _report_of(script: str, simulator_url: str, *argv: str) -> Any:
+    """What ``script`` printed as JSON, run with ``argv`` in a process of its own against
+    the simulator (``setup()`` installs process-wide state)."""
     done = subprocess.run(
-        [sys.executable, "-c", script],
+        [sys.executable, "-c", script, *argv],
         env=clean_env(SIMULATOR_URL=simulator_url),
         capture_output=True,
         text=True,
@@ -182,16 +182,7 @@ def test_setup_and_shutdown_cycles_keep_no_stopped_providers(
     instruments with until the next one) and, installed globally, the first one's, which
     the OpenTelemetry API keeps (it sets a global provider once). The exit hooks and the
     providers held stay at their size after the first cycles."""
-    done = subprocess.run(
-        [sys.executable, "-c", CYCLES, where],
-        env=clean_env(SIMULATOR_URL=simulator_url),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    report = _report_of(CYCLES, simulator_url, where)
     assert report["alive"] == ([0, 5] if where == "global" else [5])
     assert len(set(report["hooks"])) == 1, report["hooks"]
     held = 4 if where == "global" else 2  # the global pair and the last one's

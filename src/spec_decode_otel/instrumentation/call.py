@@ -347,14 +347,14 @@ def responses_finish_reason(response: Any) -> str | None:
     ``completed`` is ``stop``, ``failed`` and ``cancelled`` are ``error``, ``incomplete``
     is its reason (``max_output_tokens`` is ``length``), or ``incomplete`` without one;
     None for any other status. ``response`` is an SDK object or its decoded JSON."""
-    status = _field(response, "status")
+    status = field_of(response, "status")
     if status == "completed":
         return "stop"
     if status in ("failed", "cancelled"):
         return "error"
     if status != "incomplete":
         return None
-    reason = _field(_field(response, "incomplete_details"), "reason")
+    reason = field_of(field_of(response, "incomplete_details"), "reason")
     if not isinstance(reason, str):
         return "incomplete"
     return _INCOMPLETE_REASONS.get(reason, reason)
@@ -364,7 +364,7 @@ def responses_failure(response: Any) -> str | None:
     """``response.failed`` for a Responses API response the server says failed (a 200
     answer with ``status: failed``, which the SDK returns without raising), else None.
     ``response`` is an SDK object or its decoded JSON."""
-    return "response.failed" if _field(response, "status") == "failed" else None
+    return "response.failed" if field_of(response, "status") == "failed" else None
 
 
 def finish_reasons(body: Any) -> list[Any]:
@@ -376,7 +376,7 @@ def finish_reasons(body: Any) -> list[Any]:
     else:
         choices = sdk_choices(body)
     if choices:
-        return [_field(c, "finish_reason") for c in choices[:MAX_FINISH_REASONS]]
+        return [field_of(c, "finish_reason") for c in choices[:MAX_FINISH_REASONS]]
     reason = responses_finish_reason(body)
     return [reason] if reason is not None else []
 
@@ -388,7 +388,7 @@ def _parsed_chunk(chunk: Any, request: Mapping[str, Any] | None) -> ParsedRespon
     return ParsedResponse.from_sdk(chunk, request)
 
 
-def _field(obj: Any, name: str) -> Any:
+def field_of(obj: Any, name: str) -> Any:
     """``obj.name``, or ``obj[name]`` of a decoded JSON object; None for None."""
     if obj is None:
         return None
@@ -397,7 +397,7 @@ def _field(obj: Any, name: str) -> Any:
 
 def _responses_body(body: Any) -> bool:
     """A Responses API response (an SDK object or its JSON), which has no ``choices``."""
-    return _field(body, "choices") is None
+    return field_of(body, "choices") is None
 
 
 #: No usage in a stream's chunks: (usage, from a Responses event).
@@ -408,9 +408,9 @@ def _chunk_usage(chunk: Any) -> tuple[Any, bool] | None:
     """A chunk's usage (for a Responses stream event, its response's) and whether it is a
     Responses API one; None when it has none. A chunk without ``choices`` is a Responses
     event, or the completed response LiteLLM keeps of a Responses stream."""
-    usage = _field(chunk, "usage")
+    usage = field_of(chunk, "usage")
     if usage is None:
-        usage = _field(_field(chunk, "response"), "usage")
+        usage = field_of(field_of(chunk, "response"), "usage")
     return None if usage is None else (usage, _responses_body(chunk))
 
 
@@ -422,7 +422,7 @@ _RESPONSES_USAGE = (("input_tokens", "prompt_tokens"), ("output_tokens", "comple
 def _first_field(obj: Any, names: Sequence[str]) -> Any:
     """The first of ``obj``'s fields ``names`` that is not None."""
     for name in names:
-        value = _field(obj, name)
+        value = field_of(obj, name)
         if value is not None:
             return value
     return None

@@ -45,7 +45,12 @@ import wrapt
 
 from spec_decode_otel._logging import report_internal_error
 from spec_decode_otel.instrumentation import finalizer
-from spec_decode_otel.instrumentation.call import MAX_FINISH_REASONS, Call, responses_finish_reason
+from spec_decode_otel.instrumentation.call import (
+    MAX_FINISH_REASONS,
+    Call,
+    field_of,
+    responses_finish_reason,
+)
 from spec_decode_otel.integrations import note_openai_stream, note_openai_stream_error
 from spec_decode_otel.record import MAX_CHOICES
 
@@ -222,7 +227,7 @@ class StreamObserver:
         The model is that of the first event that ends the response, which carries the
         finished response, else of the first event carrying a response: an earlier event
         may name another (a gateway routing the call, a server's alias)."""
-        model = _field(response, "model")
+        model = field_of(response, "model")
         if isinstance(model, str) and (
             self.model is None or (_is_terminal(kind) and not self.model_final)
         ):
@@ -300,11 +305,6 @@ def _is_terminal(kind: Any) -> bool:
     """A Responses stream event type that carries the finished response (the server may
     send any JSON as the type: the SDK does not check it)."""
     return isinstance(kind, str) and kind in RESPONSES_TERMINAL_EVENTS
-
-
-def _field(obj: Any, name: str) -> Any:
-    """``obj.name``, or ``obj[name]`` of a decoded JSON object (any JSON: None if none)."""
-    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
 
 
 def _responses_event_fields(kind: Any) -> frozenset[str]:

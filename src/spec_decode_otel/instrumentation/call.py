@@ -81,6 +81,9 @@ class CallPlan:
     #: ``with_streaming_response`` streams) or as their stream wrapper is reclaimed,
     #: before ours is: attributes set on an ended span are dropped.
     late_span: Callable[[int], Span] | None = None
+    #: A Responses API call: its usage counts are read by that API's names first (a
+    #: gateway may send both namings; the user's code reads those of the API it called).
+    responses_api: bool = False
 
 
 class Call:
@@ -125,7 +128,6 @@ class Call:
                 response_model=getattr(obj, "model", None),
                 finish_reasons=finish_reasons(obj),
                 usage=getattr(obj, "usage", None),
-                responses_api=_responses_body(obj),
                 failure=responses_failure(obj),
             )
         )
@@ -146,7 +148,6 @@ class Call:
             response_model=body.get("model"),
             finish_reasons=finish_reasons(body),
             usage=parsed.usage,
-            responses_api=_responses_body(body),
             failure=responses_failure(body),
         )
 
@@ -166,16 +167,13 @@ class Call:
         ``failure`` is the Responses event that said the response failed."""
 
         def end() -> None:
-            found = filter(None, map(_chunk_usage, reversed(chunks)))
-            usage, responses_api = next(found, _NO_USAGE)
             self._end(
                 []
                 if multi_sequence
                 else [p for c in chunks if (p := _parsed_chunk(c, self.plan.request))],
                 response_model=response_model,
                 finish_reasons=finish_reasons,
-                usage=usage,
-                responses_api=responses_api,
+                usage=next(filter(None, map(_chunk_usage, reversed(chunks))), None),
                 error=error,
                 failure=failure,
                 first_chunk_at=first_chunk_at,
@@ -233,7 +231,6 @@ class Call:
         response_model: Any = None,
         finish_reasons: Sequence[Any] = (),
         usage: Any = None,
-        responses_api: bool = False,
         error: BaseException | None = None,
         failure: str | None = None,
         first_chunk_at: float | None = None,
@@ -249,9 +246,7 @@ class Call:
             # stream wrappers count only an Exception as an error.
             error, read_to_end = None, False
         first_chunk = None if first_chunk_at is None else first_chunk_at - self.started
-        # The names of the call's API first (a gateway may send both: the user's code
-        # reads the names of the API it called), else the other API's.
-        names = _RESPONSES_USAGE if responses_api else _CHAT_USAGE
+        names = _RESPONSES_USAGE if plan.responses_api else _CHAT_USAGE
         input_tokens = _first_field(usage, names[0])
         output_tokens = _first_field(usage, names[1])
         input_tokens = input_tokens if _is_count(input_tokens) else None
@@ -395,23 +390,10 @@ def field_of(obj: Any, name: str) -> Any:
     return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
 
 
-def _responses_body(body: Any) -> bool:
-    """A Responses API response (an SDK object or its JSON), which has no ``choices``."""
-    return field_of(body, "choices") is None
-
-
-#: No usage in a stream's chunks: (usage, from a Responses event).
-_NO_USAGE: tuple[Any, bool] = (None, False)
-
-
-def _chunk_usage(chunk: Any) -> tuple[Any, bool] | None:
-    """A chunk's usage (for a Responses stream event, its response's) and whether it is a
-    Responses API one; None when it has none. A chunk without ``choices`` is a Responses
-    event, or the completed response LiteLLM keeps of a Responses stream."""
+def _chunk_usage(chunk: Any) -> Any:
+    """A chunk's usage; for a Responses stream event, its response's."""
     usage = field_of(chunk, "usage")
-    if usage is None:
-        usage = field_of(field_of(chunk, "response"), "usage")
-    return None if usage is None else (usage, _responses_body(chunk))
+    return usage if usage is not None else field_of(field_of(chunk, "response"), "usage")
 
 
 #: The usage count names of (input, output) tokens, the call's API's first.

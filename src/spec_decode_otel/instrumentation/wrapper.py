@@ -135,6 +135,7 @@ class Instrumentation:
             request=_sent_body(options) or body,
             streaming=streaming,
             include_usage=injected.usage or asked_usage is True or responses_api,
+            responses_api=responses_api,
             genai_metrics_recorded=self.genai_metrics is not None and recording_wrapper_on_stack(),
         )
         if self.settings.inject_traceparent:
@@ -153,6 +154,7 @@ class Instrumentation:
         request: Mapping[str, Any] | None,
         streaming: bool,
         include_usage: bool,
+        responses_api: bool = False,
         start_time: int | None = None,
         genai_metrics_recorded: bool = False,
     ) -> CallPlan:
@@ -237,6 +239,7 @@ class Instrumentation:
             include_usage=include_usage,
             context=trace.set_span_in_context(span, parent),
             late_span=late_span,
+            responses_api=responses_api,
         )
 
     def _observe_sdk(self, enrich: bool) -> None:

@@ -466,6 +466,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
             request=started.request,
             streaming=streaming,
             include_usage=include_usage,
+            responses_api=responses_api,
             start_time=wire.nanoseconds(start_time),
         )
         if plan.own_span:

@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 import wrapt
 
 from spec_decode_otel._logging import report_internal_error
+from spec_decode_otel.capture import sdk_choices
 from spec_decode_otel.instrumentation import finalizer
 from spec_decode_otel.instrumentation.call import (
     MAX_FINISH_REASONS,
@@ -124,11 +125,7 @@ class StreamObserver:
                 return self._observe_other(chunk)
             if self.first_at is None:
                 self._first(getattr(chunk, "model", None), getattr(chunk, "id", None))
-            # capture.sdk_choices's check, inline on this per-chunk path: the SDK never
-            # checks its fields, so any JSON can be here.
-            choices = chunk.choices
-            if not isinstance(choices, list):
-                choices = ()
+            choices = sdk_choices(chunk)
             keep = bool(chunk.model_extra) or chunk.usage is not None
             self.multi = self.multi or len(choices) > 1
             for choice in choices[:MAX_CHOICES]:

@@ -592,6 +592,26 @@ async def test_an_event_that_is_not_json_is_skipped_without_an_exception(
 
 
 @pytest.mark.parametrize("mode", MODES)
+async def test_a_chat_chunk_with_null_choices_read_raw_gives_what_parse_gives(
+    mode: str, otel: Otel, server: LoopbackServer, loopback_clients: Any, simulator_url: str
+) -> None:
+    """A chunk whose ``choices`` is null is still a chat chunk: the call's route says
+    which API a stream speaks. A raw read once took such a chunk for a Responses API
+    event and so lost the model its first chunk names; ``.parse()`` (openai's
+    ``ChatCompletionChunk``, built without validation) keeps it."""
+    payload = raw_payload(simulator_url, "chat", kwargs_for(1201))
+    server.reply(sse_text([{**payload[0], "choices": None}, *payload[1:], "[DONE]"]))
+    otel.instrument()
+    client = client_of(mode, *loopback_clients)
+    await parse_all(client, mode, kwargs_for(1201))
+    parsed_span = take_span(otel)
+    await read_raw(client, mode, "iter_lines", kwargs_for(1201), otel)
+    span = take_span(otel)
+    assert span.attributes["gen_ai.response.model"] == payload[0]["model"]
+    assert dict(span.attributes) == dict(parsed_span.attributes)
+
+
+@pytest.mark.parametrize("mode", MODES)
 async def test_an_error_event_ends_the_call_as_the_api_error_parse_raises(
     mode: str, otel: Otel, server: LoopbackServer, loopback_clients: Any, simulator_url: str
 ) -> None:

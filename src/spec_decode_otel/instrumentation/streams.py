@@ -148,20 +148,21 @@ class StreamObserver:
         build its chunk objects, which cost several times the reading itself, so neither
         do we; the SDK's own field names tell a non-standard field."""
         try:
-            choices = payload.get("choices")
-            response = payload.get("response")
-            if self.first_at is None:
-                holder = payload if isinstance(choices, list) else response
-                holder = holder if isinstance(holder, Mapping) else {}
-                self._first(holder.get("model"), holder.get("id"))
-            if not isinstance(choices, list):
+            if self.call.plan.responses_api:
                 # A Responses API event, kept as .parse() keeps the SDK's event for it (see
                 # _observe_other): the fields the SDK declares for its type tell an extra.
+                response = payload.get("response")
+                if self.first_at is None:
+                    self._first(field_of(response, "model"), field_of(response, "id"))
                 kind = payload.get("type")
                 if _is_terminal(kind) or not _responses_event_fields(kind).issuperset(payload):
                     self.kept.append(payload)
                 self._note_event(kind, response)
                 return
+            if self.first_at is None:
+                self._first(payload.get("model"), payload.get("id"))
+            choices = payload.get("choices")
+            choices = choices if isinstance(choices, list) else []
             root_fields, choice_fields = _sdk_fields()
             keep = payload.get("usage") is not None or not root_fields.issuperset(payload)
             self.multi = self.multi or len(choices) > 1

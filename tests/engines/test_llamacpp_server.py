@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -534,9 +535,9 @@ def test_the_simulator_ends_and_refuses_at_the_context_as_llamacpp_does(
     token; the real count is read from the real answer). A prompt that fills the
     context is the same 400 (``exceed_context_size_error``, ``update_slots`` in
     ``tools/server/server-context.cpp``); a shorter one ends at the context's end with
-    the same token and draft counts (``process_token``, ``get_n_draft_max``). Not
-    compared: ``draft_n_accepted``, which the real server counts for the drafts of the
-    step cut at the end too."""
+    the same token and draft counts (``process_token``, ``get_n_draft_max``), the
+    drafts of the step cut at the end counted accepted (``n_draft_accepted`` grows
+    before ``process_token`` ends the reply, in ``update_slots``)."""
     prompt = " ".join(["word"] * words) if words else PROMPTS[1]
     real_status, real = _answer(
         llama_server("identical").base_url, prompt=prompt, max_tokens=max_tokens
@@ -549,12 +550,9 @@ def test_the_simulator_ends_and_refuses_at_the_context_as_llamacpp_does(
             json={"prompt": prompt, "max_tokens": 1},
             timeout=120.0,
         ).json()["usage"]["prompt_tokens"]
-        real = real[:3]
     simulated_status, simulated = _answer(
         simulated_llamacpp.base_url, prompt=" ".join(["word"] * count), max_tokens=max_tokens
     )
-    if simulated_status == 200:
-        simulated = simulated[:3]
     assert (simulated_status, simulated) == (real_status, real)
 
 
@@ -582,6 +580,130 @@ def test_the_simulator_sends_a_stop_hits_timings_twice_as_llamacpp_does(
 
     real = carriers(llama_server("identical").base_url)
     assert real == [(None, True), ("stop", True)]
+    assert carriers(simulated_llamacpp.base_url) == real
+
+
+#: The simulator's reply fixed (the real server's greedy one is fixed anyway).
+SIM_SEED = {"x-sim-seed": "5"}
+
+
+def _completion(base_url: str, **body: Any) -> dict[str, Any]:
+    body = {"model": "tiny-target", "prompt": PROMPTS[1], "temperature": 0, **body}
+    response = httpx.post(f"{base_url}/completions", json=body, headers=SIM_SEED, timeout=120.0)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def _counts(answer: dict[str, Any]) -> tuple[Any, ...]:
+    """What the draft accounting of one completions answer comes to."""
+    timings = answer["timings"]
+    finish = answer["choices"][0]["finish_reason"]
+    return (
+        finish,
+        answer["usage"]["completion_tokens"],
+        timings["draft_n"],
+        timings["draft_n_accepted"],
+    )
+
+
+def _stop_ending_at(text: str, end: int) -> str:
+    """The shortest stop string (two characters or more) whose first match ends at
+    ``end`` of ``text``."""
+    for size in range(2, end + 1):
+        if text.find(text[end - size : end]) == end - size:
+            return text[end - size : end]
+    raise AssertionError(f"no stop string ends first at {end} of {text!r}")
+
+
+@pytest.mark.parametrize("token", [2, 3, 5, 8])
+def test_the_simulator_counts_the_drafts_of_a_step_cut_by_a_stop_string_accepted_as_llamacpp(
+    token: int, llama_server: Any, simulated_llamacpp: SimulatorServer
+) -> None:
+    """A stop string completed by the ``token``-th token (from 0) of a verify step: both
+    servers end the reply there, and llama.cpp b11312 counts every draft the step
+    verified as accepted, the ones after the stop too (``update_slots`` in
+    ``tools/server/server-context.cpp`` adds ``n_accepted`` to ``n_draft_accepted``
+    before ``process_token`` finds the stop). With the identical draft (every draft
+    accepted, 4 a step, the first step from token 1) only token 5 ends its step; the
+    others cut one. Each server's stop string ends at that token of its own reply."""
+
+    def counts(base_url: str, stream_tokens: bool) -> tuple[Any, ...]:
+        reply = _completion(base_url, max_tokens=MAX_TOKENS)["choices"][0]["text"]
+        if stream_tokens:  # the real server streams one token a chunk
+            body = {"model": "tiny-target", "prompt": PROMPTS[1], "temperature": 0}
+            params = {**body, "max_tokens": MAX_TOKENS, "stream": True}
+            with httpx.stream("POST", f"{base_url}/completions", json=params) as response:
+                data = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+            pieces = [json.loads(d)["choices"][0]["text"] for d in data[:-1]][:MAX_TOKENS]
+        else:  # the simulator's token is a word
+            pieces = re.findall(r"\s?\S+", reply)
+        assert "".join(pieces) == reply and len(pieces) == MAX_TOKENS
+        stop = _stop_ending_at(reply, len("".join(pieces[: token + 1])))
+        return _counts(_completion(base_url, max_tokens=MAX_TOKENS, stop=[stop]))
+
+    real = counts(llama_server("identical").base_url, stream_tokens=True)
+    assert real[:2] == ("stop", token + 1) and real[2] == real[3]
+    assert counts(simulated_llamacpp.base_url, stream_tokens=False) == real
+
+
+def test_the_simulator_ends_a_stop_string_hit_at_the_contexts_end_with_length_as_llamacpp(
+    llama_server: Any, simulated_llamacpp: SimulatorServer
+) -> None:
+    """A stop string completed by the token that also reaches the context's end:
+    llama.cpp b11312's ``process_token`` (``tools/server/server-context.cpp``) finds the
+    stop first (``STOP_TYPE_WORD``, the stop cut from the text), then the context check
+    sets ``STOP_TYPE_LIMIT``: finish ``length``, the text still cut at the stop. A
+    250-word prompt leaves room for two tokens; each server's stop string ends at the
+    end of its own two-token reply."""
+
+    def answer(base_url: str, prompt: str) -> tuple[Any, ...]:
+        reply = _completion(base_url, prompt=prompt, max_tokens=MAX_TOKENS)
+        text = reply["choices"][0]["text"]
+        stop = _stop_ending_at(text, len(text))
+        cut = _completion(base_url, prompt=prompt, max_tokens=MAX_TOKENS, stop=[stop])
+        kept = cut["choices"][0]["text"] == text[: text.find(stop)]
+        return (*_counts(reply), *_counts(cut), kept)
+
+    server = llama_server("identical")
+    words = " ".join(["word"] * 250)
+    count = _completion(server.base_url, prompt=words, max_tokens=1)["usage"]["prompt_tokens"]
+    real = answer(server.base_url, words)
+    assert real[4:] == ("length", 2, real[6], real[6], True)
+    assert answer(simulated_llamacpp.base_url, " ".join(["word"] * count)) == real
+
+
+def test_the_simulator_puts_a_stop_hits_timings_on_its_responses_delta_as_llamacpp_does(
+    llama_server: Any, simulated_llamacpp: SimulatorServer
+) -> None:
+    """A Responses stream (``/v1/responses``) ended by a stop string that begins inside
+    a token: llama.cpp b11312 sends the text before the stop in the partial result of
+    the token that completes it, and that partial carries ``timings``
+    (``send_partial_response`` in ``tools/server/server-context.cpp``: stats once
+    ``slot.stop`` is set), which
+    ``server_task_result_cmpl_partial::to_json_oaicompat_resp`` (``server-task.cpp``)
+    puts on its last event, the ``response.output_text.delta``. The final
+    ``response.completed`` carries them again, the same counts. Each server's stop is
+    three characters from the second character of the third word of its own reply."""
+
+    def carriers(base_url: str) -> list[tuple[str, bool]]:
+        body = {"model": "tiny-target", "input": PROMPTS[1], "temperature": 0}
+        body["max_output_tokens"] = MAX_TOKENS
+        reply = httpx.post(f"{base_url}/responses", json=body, headers=SIM_SEED, timeout=120.0)
+        text = reply.json()["output"][0]["content"][0]["text"]
+        word = re.findall(r"\s?\S+", text)[2]
+        start = text.find(word) + 1
+        stop = text[start : start + 3]
+        assert len(word) > 3 and text.find(stop) == start
+        params = {**body, "stream": True, "stop": [stop]}
+        url = f"{base_url}/responses"
+        with httpx.stream("POST", url, json=params, headers=SIM_SEED, timeout=120.0) as response:
+            data = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+        events = [json.loads(d) for d in data]
+        last = events[-1]["timings"]
+        return [(e["type"], e["timings"] == last) for e in events if "timings" in e]
+
+    real = carriers(llama_server("identical").base_url)
+    assert real == [("response.output_text.delta", True), ("response.completed", True)]
     assert carriers(simulated_llamacpp.base_url) == real
 
 

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from spec_decode_otel.simulator import ENGINES, SimulatorConfig, SimulatorServer
+from spec_decode_otel.simulator.plan import choice_rng, plan_choice
 from spec_decode_otel.simulator.server_metrics import PREFIXES
 
 ARGS = ("--k", "4", "--alpha", "0.6", "--seed", "31", "--served-model", "sim-served")
@@ -80,6 +81,29 @@ def generated(reference: str, body: dict[str, Any], seed: int) -> dict[str, Any]
     return out
 
 
+def generated_llamacpp(seed: int) -> dict[str, Any]:
+    """What a llama.cpp-shaped request (one sequence, no limit) generated, from the
+    simulator's own plan: llama.cpp b11312 counts the drafts of a step cut short by the
+    end accepted (``n_draft_accepted`` grows before ``process_token`` ends the reply,
+    ``server-context.cpp``), which no other shape's body says."""
+    config = SimulatorConfig(**CONFIG)
+    lengths = (config.min_length, config.max_length)
+    profile = config.profile_for("m")
+    rng = choice_rng(seed, 0, 0)
+    gen = plan_choice(rng, profile, 0, None, [], lengths, cap_drafts=True, count_cut_drafts=True)
+    steps = gen.generation
+    out: dict[str, Any] = {
+        "steps": sum(1 for d in steps.per_step_drafted if d),
+        "drafted": steps.num_draft_tokens,
+        "accepted": steps.num_accepted_draft_tokens,
+        "positions": {},
+    }
+    for accepted in steps.per_step_accepted:
+        for p in range(accepted):
+            out["positions"][p] = out["positions"].get(p, 0) + 1
+    return out
+
+
 def send(base_url: str, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
     # A stream is read to its end; nothing in it is looked at (what the server counts must
     # not depend on what a client reads).
@@ -130,7 +154,8 @@ def test_metrics_count_every_answered_request(
         body = {"model": "m", "messages": MESSAGES, **extra}
         response = send(base_url, body, {"x-sim-seed": str(seed), **headers})
         assert response.status_code == 200
-        got = generated(reference, body, seed)
+        llamacpp = prefix == "llamacpp" and "x-spec-decode-engine" not in headers
+        got = generated_llamacpp(seed) if llamacpp else generated(reference, body, seed)
         for key in ("steps", "drafted", "accepted"):
             want[key] += got[key]
         for p, count in got["positions"].items():

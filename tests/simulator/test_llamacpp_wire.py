@@ -398,3 +398,104 @@ def test_a_prompt_that_fills_the_context_is_llamacpps_own_400_and_a_reply_stops_
             assert answer["choices"][0]["finish_reason"] == "length"
             assert answer["usage"]["completion_tokens"] == completion_tokens
             assert answer["timings"]["draft_n"] == drafted
+
+
+@pytest.fixture(scope="module")
+def exact() -> Iterator[SimulatorServer]:
+    """Every draft accepted, 4 a step, in the tiny engine-test models' 256-token context."""
+    config = SimulatorConfig(engine="llamacpp", k=4, alpha=1.0, llamacpp_n_ctx=256, seed=11)
+    with SimulatorServer(config) as server:
+        yield server
+
+
+def _words(n: int) -> str:
+    return " ".join(["word"] * n)  # one simulated token a word
+
+
+def test_a_step_cut_short_by_a_stop_string_counts_all_its_drafts_accepted(
+    exact: SimulatorServer,
+) -> None:
+    """llama.cpp b11312 adds a verify step's accepted drafts to ``n_draft_accepted``
+    (``update_slots`` in ``server-context.cpp``) before ``process_token`` finds the stop
+    string that ends the reply inside that step, so the tokens after the stop count
+    accepted though never sent (the real server, tests/engines/). A stop completed by
+    the third token ends the first step after two of its four accepted drafts."""
+    body = {"model": "spec-sim", "prompt": "llama wire", "max_tokens": 16}
+    headers = {"x-sim-seed": "3"}
+    text = httpx.post(f"{exact.base_url}/completions", json=body, headers=headers).json()
+    text = text["choices"][0]["text"]
+    stop = text.split()[2][1:]  # the third token's word, from its second character
+    assert text.find(stop) == len(" ".join(text.split()[:2])) + 2
+    answer = httpx.post(
+        f"{exact.base_url}/completions", json={**body, "stop": [stop]}, headers=headers
+    ).json()
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    assert answer["usage"]["completion_tokens"] == 3
+    assert (answer["timings"]["draft_n"], answer["timings"]["draft_n_accepted"]) == (4, 4)
+
+
+def test_a_step_cut_at_the_contexts_end_counts_all_its_drafts_accepted(
+    exact: SimulatorServer,
+) -> None:
+    """The same for the context's end: a 251-token prompt leaves room for the first
+    token and a step drafting three, which ends the reply at its first token; the
+    real server answers 2 tokens, 3 drafted, 3 accepted."""
+    body = {"model": "spec-sim", "prompt": _words(251), "max_tokens": 16}
+    answer = httpx.post(f"{exact.base_url}/completions", json=body).json()
+    assert answer["choices"][0]["finish_reason"] == "length"
+    assert answer["usage"]["completion_tokens"] == 2
+    assert (answer["timings"]["draft_n"], answer["timings"]["draft_n_accepted"]) == (3, 3)
+
+
+def test_a_stop_string_on_the_contexts_last_token_ends_with_length(
+    exact: SimulatorServer,
+) -> None:
+    """A stop string completed by the token that reaches the context's end: llama.cpp
+    b11312's ``process_token`` (``server-context.cpp``) checks the context after the
+    stop strings, and its ``STOP_TYPE_LIMIT`` replaces their ``STOP_TYPE_WORD``: finish
+    ``length``, the text still cut at the stop (the real server, tests/engines/)."""
+    headers = {"x-sim-seed": "3"}
+    body = {"model": "spec-sim", "prompt": _words(251), "max_tokens": 16}
+    reply = httpx.post(f"{exact.base_url}/completions", json=body, headers=headers).json()
+    text = reply["choices"][0]["text"]
+    assert (reply["choices"][0]["finish_reason"], reply["usage"]["completion_tokens"]) == (
+        "length",
+        2,
+    )
+    stop = text[-2:]
+    assert text.find(stop) == len(text) - 2
+    cut = httpx.post(
+        f"{exact.base_url}/completions", json={**body, "stop": [stop]}, headers=headers
+    ).json()
+    assert (cut["choices"][0]["finish_reason"], cut["choices"][0]["text"]) == ("length", text[:-2])
+
+
+def test_a_responses_stream_sends_a_stop_hits_timings_on_its_text_delta_too(
+    http: Any,
+) -> None:
+    """A Responses stream ended by a stop string whose step has text before it: llama.cpp
+    b11312 puts that partial result's ``timings`` (``send_partial_response`` in
+    ``server-context.cpp``: stats once ``slot.stop`` is set) on its last event, the
+    ``response.output_text.delta`` (``server_task_result_cmpl_partial::
+    to_json_oaicompat_resp`` in ``server-task.cpp``), and again on
+    ``response.completed`` (the real server, tests/engines/). The record is the
+    completed event's: the adapter reads only an event that ends the response."""
+    body = {"model": "spec-sim", "input": "llama wire", "max_output_tokens": 40}
+    text = post_responses(http, body)
+    stop = _stop_inside(text)
+    response = http.post(
+        "/responses", json={**body, "stream": True, "stop": [stop]}, headers={"x-sim-seed": "3"}
+    )
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line[:6] == "data: "]
+    carriers = [e for e in events if "timings" in e]
+    assert [e["type"] for e in carriers] == ["response.output_text.delta", "response.completed"]
+    assert carriers[0]["timings"] == carriers[1]["timings"]
+    assert carriers[0]["delta"] == text[: text.find(stop)][-len(carriers[0]["delta"]) :]
+    record = record_from_json(events, {**body, "stream": True, "stop": [stop]})
+    assert record is not None
+    assert record.num_accepted_draft_tokens == carriers[1]["timings"]["draft_n_accepted"]
+
+
+def post_responses(http: Any, body: dict[str, Any]) -> str:
+    response = http.post("/responses", json=body, headers={"x-sim-seed": "3"})
+    return str(response.json()["output"][0]["content"][0]["text"])

@@ -73,13 +73,17 @@ def sample_step(rng: random.Random, drafted: int, profile: AcceptanceProfile) ->
 class Generation:
     """One sequence's sampled generation: the per-step counts and the token total.
 
-    ``step_tokens[i]`` is how many tokens step i emitted (accepted + 1); the prefill token
-    is not a step. Totals are derived properties so they cannot drift from the steps.
+    ``step_tokens[i]`` is how many tokens step i emitted (accepted + 1, but fewer for a
+    last step cut short whose drafts a server counts accepted, see ``generate``); the
+    prefill token is not a step. Totals are derived properties so they cannot drift from
+    the steps.
     """
 
     per_step_drafted: list[int] = field(default_factory=list)
     per_step_accepted: list[int] = field(default_factory=list)
     completion_tokens: int = 0
+    #: The context's end stopped the sequence (``generate``'s ``context_room``).
+    context_ended: bool = False
 
     @property
     def num_spec_steps(self) -> int:
@@ -119,7 +123,10 @@ class Generation:
         return self.num_accepted_draft_tokens / drafted if drafted else 0.0
 
     def step_tokens(self) -> list[int]:
-        return [a + 1 for a in self.per_step_accepted]
+        tokens = [a + 1 for a in self.per_step_accepted]
+        if tokens:  # the last step emits what is left, its counted drafts maybe more
+            tokens[-1] = self.completion_tokens - 1 - sum(tokens[:-1])
+        return tokens
 
 
 def generate(
@@ -129,6 +136,7 @@ def generate(
     *,
     draft_budget: int | None = None,
     context_room: int | None = None,
+    count_cut_drafts: bool = False,
 ) -> Generation:
     """Sample steps until ``limit`` tokens exist, applying the truncation rule at the end.
 
@@ -144,8 +152,14 @@ def generate(
     that drafts within it as within ``draft_budget`` and stops where it ends (llama.cpp):
     it checks the context against the whole verified step before emitting the step's
     first token, so the step that reaches the end emits that one token and the sequence
-    ends there (shorter than ``limit``), its drafts counted rejected as the truncation
-    rule counts them.
+    ends there (``Generation.context_ended``; at most ``limit`` tokens).
+
+    ``count_cut_drafts``: the drafts a step verified count accepted even when the
+    sequence ends inside the step (a stop string, EOS, the context's end) and the tokens
+    after that end are never emitted, as llama.cpp b11312 counts them (``update_slots``
+    in ``server-context.cpp`` adds the step's ``n_accepted`` to ``n_draft_accepted``
+    before ``process_token`` ends the reply). Without it the truncation rule counts
+    only the drafts that were emitted.
     """
     if limit < 1:
         raise ValueError("a completion has at least one token")
@@ -157,15 +171,15 @@ def generate(
         for budget in budgets:
             drafted = max(0, min(drafted, budget - gen.completion_tokens - 1))
         sampled = sample_step(rng, drafted, profile)
+        room = limit - gen.completion_tokens - 1  # tokens the step may add after its first
         if context_room is not None and gen.completion_tokens + sampled + 1 >= context_room:
-            gen.per_step_drafted.append(drafted)
-            gen.per_step_accepted.append(0)
-            gen.completion_tokens += 1
-            break
-        accepted = min(sampled, limit - gen.completion_tokens - 1)
+            room, gen.context_ended = 0, True
+        emitted = min(sampled, room)
         gen.per_step_drafted.append(drafted)
-        gen.per_step_accepted.append(accepted)
-        gen.completion_tokens += accepted + 1
+        gen.per_step_accepted.append(sampled if count_cut_drafts else emitted)
+        gen.completion_tokens += emitted + 1
+        if gen.context_ended:
+            break
     return gen
 
 

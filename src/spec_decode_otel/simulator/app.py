@@ -204,6 +204,7 @@ class Simulator:
                 lengths,
                 cap_drafts=engine == "llamacpp",
                 context_room=context_room(n_ctx, counts[i // req.n]),
+                count_cut_drafts=engine == "llamacpp",
             )
             for i in range(req.n * len(prompts))
         ]

@@ -106,13 +106,19 @@ def plan_choice(
     *,
     cap_drafts: bool = False,
     context_room: int | None = None,
+    count_cut_drafts: bool = False,
 ) -> ChoicePlan:
     """Sample one sequence: natural length, words, stop cut, then the verify steps.
 
     ``cap_drafts``: the server drafts only what ``max_tokens`` leaves room for
     (llama.cpp; see ``acceptance.generate``'s ``draft_budget``). ``context_room``: the
     tokens the server's context has left after the prompt; a sequence that reaches its
-    end stops there, finish ``length`` (``acceptance.generate``)."""
+    end stops there, finish ``length`` (``acceptance.generate``), even on the token
+    that completes a stop string: llama.cpp b11312's ``process_token``
+    (``server-context.cpp``) checks the context after the stop strings and overwrites
+    their ``STOP_TYPE_WORD`` with ``STOP_TYPE_LIMIT``, the text still cut at the stop.
+    Only EOS, checked last, keeps ``stop``. ``count_cut_drafts``: see
+    ``acceptance.generate``."""
     natural = rng.randint(*length_range)
     caps = [c for c in (max_tokens, context_room) if c is not None]
     cap = min(caps) if caps else None
@@ -128,9 +134,18 @@ def plan_choice(
         limit, visible, matched = cut
         finish = "stop"
     budget = max_tokens if cap_drafts else None
-    gen = generate(rng, profile, limit, draft_budget=budget, context_room=context_room)
+    gen = generate(
+        rng,
+        profile,
+        limit,
+        draft_budget=budget,
+        context_room=context_room,
+        count_cut_drafts=count_cut_drafts,
+    )
     if gen.completion_tokens < limit:  # the context ended it first
         limit, visible, matched, finish = gen.completion_tokens, None, None, "length"
+    elif gen.context_ended and isinstance(matched, str):  # with the stop string's token
+        finish = "length"
     text = "".join(tokens[:limit])[:visible]
     # split the visible text at the step boundaries
     ends = [min(len(text), offsets[t]) for t in itertools.accumulate(gen.step_tokens(), initial=1)]

@@ -25,7 +25,7 @@ class OpenAIRequest(BaseModel):
     """Fields every OpenAI-compatible server reads; unknown ones are kept, not refused."""
 
     KIND: ClassVar[Kind]
-    #: The token-limit fields, the one read first first (a server reads one of them).
+    #: The token-limit fields, in the order the server reads them (it reads the first set).
     LIMIT_FIELDS: ClassVar[tuple[str, ...]] = ("max_tokens",)
     model_config = ConfigDict(extra="allow")
     model: str

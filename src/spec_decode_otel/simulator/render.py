@@ -362,7 +362,13 @@ class RequestPlan:
         beside ``response``, and numbers no event; vLLM numbers them all. mlx-vlm 0.7.10
         (``server/openai.py`` ``responses_endpoint``) sends no draft counts on a
         Responses stream: its only ``timings`` (``response.output_text.done``'s) holds
-        ``predicted_per_second`` alone."""
+        ``predicted_per_second`` alone.
+
+        llama.cpp also puts them on the text delta of a stop string's step when that
+        delta has text (the stop began inside a token): ``send_partial_response``
+        (``server-context.cpp``) fills ``stats`` once ``slot.stop`` is set, and
+        ``server_task_result_cmpl_partial::to_json_oaicompat_resp`` (``server-task.cpp``)
+        adds them to a partial's last event, and a partial with no text has none."""
         c = self.choices[0]
         pending = self._output_item("", "in_progress")
         done = self._output_item(c.text, "completed")
@@ -370,8 +376,13 @@ class RequestPlan:
         started = {**self.responses_body("in_progress"), "output": []}
         started.pop("usage")
         completed: JSON = {"type": "response.completed", "response": self.responses_body()}
+        deltas: list[JSON] = [
+            {"type": "response.output_text.delta", **at, "delta": p} for p in c.pieces if p
+        ]
         if self.engine == "llamacpp":  # mlx-vlm 0.7.10 puts no draft counts on any event
             completed["timings"] = self.llamacpp_timings()
+            if isinstance(c.matched_stop, str) and c.pieces[-1]:
+                deltas[-1]["timings"] = self.llamacpp_timings()
         events: list[JSON] = [
             {"type": "response.created", "response": started},
             {"type": "response.in_progress", "response": started},
@@ -381,7 +392,7 @@ class RequestPlan:
                 "item": {**pending, "content": []},
             },
             {"type": "response.content_part.added", **at, "part": pending["content"][0]},
-            *({"type": "response.output_text.delta", **at, "delta": p} for p in c.pieces if p),
+            *deltas,
             {"type": "response.output_text.done", **at, "text": c.text, **self._mlx_rate()},
             {"type": "response.content_part.done", **at, "part": done["content"][0]},
             {"type": "response.output_item.done", "output_index": 0, "item": done},

@@ -81,16 +81,15 @@ class ParsedResponse:
         if isinstance(inner, Mapping) and isinstance(body.get("type"), str):
             # A Responses stream event carrying the response (response.completed, ...).
             root = {**inner, **{k: v for k, v in body.items() if k != "response"}}
-            return cls(root, (), _usage_dict(inner.get("usage")), 0, request)
+            return cls(root, (), _usage_dict(inner.get("usage"), True), 0, request)
         raw_choices = body.get("choices")
         choices: tuple[Mapping[str, Any], ...] = ()
         total = 0
         if isinstance(raw_choices, list):
             total = len(raw_choices)
             choices = tuple(_dict_choice_view(c) for c in raw_choices[:MAX_CHOICES])
-        return cls(
-            body, choices, _usage_dict(body.get("usage")), _choice_count(choices, total), request
-        )
+        usage = _usage_dict(body.get("usage"), body.get("object") == "response")
+        return cls(body, choices, usage, _choice_count(choices, total), request)
 
     @classmethod
     def from_sdk(cls, obj: Any, request: Mapping[str, Any] | None = None) -> ParsedResponse:
@@ -101,13 +100,13 @@ class ParsedResponse:
         if inner is not None and hasattr(inner, "output"):
             # A Responses stream event carrying the response: both roots count.
             root = {**(getattr(inner, "model_extra", None) or _EMPTY), **root}
-            return cls(root, (), _usage_view(getattr(inner, "usage", None)), 0, request)
+            return cls(root, (), _usage_view(getattr(inner, "usage", None), True), 0, request)
         raw_choices = sdk_choices(obj)
         choices = tuple(_choice_view(c) for c in raw_choices[:MAX_CHOICES])
         return cls(
             root,
             choices,
-            _usage_view(getattr(obj, "usage", None)),
+            _usage_view(getattr(obj, "usage", None), getattr(obj, "object", None) == "response"),
             _choice_count(choices, len(raw_choices)),
             request,
         )
@@ -154,26 +153,31 @@ def _choice_view(choice: Any) -> Mapping[str, Any]:
     return _with_provider_fields(view)
 
 
-def _usage_dict(usage: Any) -> Mapping[str, Any] | None:
-    """A raw usage block; a Responses one also gets the Chat Completions count names."""
+def _usage_dict(usage: Any, responses: bool) -> Mapping[str, Any] | None:
+    """A raw usage block with the Chat Completions count names adapters read. Those of a
+    Responses API usage (``responses``) are its own counts, whatever Chat names it also
+    carries; any other block keeps its Chat counts and gets the ones it lacks."""
     if not isinstance(usage, Mapping):
         return None
-    if "completion_tokens" in usage or "output_tokens" not in usage:
+    names = [(o, t) for o, t in _USAGE_NAMES if t in usage and (responses or o not in usage)]
+    if not names:
         return usage
     view = dict(usage)
-    for ours, theirs in _USAGE_NAMES:
-        view.setdefault(ours, usage.get(theirs))
+    for ours, theirs in names:
+        view[ours] = usage[theirs]
     return view
 
 
-def _usage_view(usage: Any) -> Mapping[str, Any] | None:
-    """An SDK usage object (chat, completion or Responses) as a dict of what adapters read."""
+def _usage_view(usage: Any, responses: bool) -> Mapping[str, Any] | None:
+    """An SDK usage object (chat, completion or Responses) as a dict of what adapters
+    read, named and chosen as :func:`_usage_dict` does."""
     if usage is None:
         return None
     view: dict[str, Any] = dict(getattr(usage, "model_extra", None) or ())
     for ours, theirs in _USAGE_NAMES:
-        value = getattr(usage, ours, None)
-        view[ours] = value if value is not None else getattr(usage, theirs, None)
+        first, then = (theirs, ours) if responses else (ours, theirs)
+        value = getattr(usage, first, None)
+        view[ours] = value if value is not None else getattr(usage, then, None)
     details = getattr(usage, "completion_tokens_details", None)
     if isinstance(details, Mapping):
         # openai < 1.45 has no such field: the SDK keeps the server's dict as an extra.

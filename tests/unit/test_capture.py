@@ -162,6 +162,49 @@ def test_completion_tokens_that_are_not_a_count_are_unknown(bad):
     assert last_completion_tokens(responses) is None
 
 
+#: A Responses API body whose usage also carries the Chat Completions names, other counts
+#: (a gateway's addition); openai 3.63.0's ``ResponseUsage`` declares the Responses names.
+BOTH_NAMINGS = {
+    "id": "resp_1",
+    "object": "response",
+    "created_at": 1,
+    "status": "completed",
+    "model": "m",
+    "output": [],
+    "usage": {
+        "input_tokens": 5,
+        "output_tokens": 40,
+        "total_tokens": 45,
+        "prompt_tokens": 7,
+        "completion_tokens": 41,
+    },
+}
+
+
+@pytest.mark.parametrize("form", ["dict", "sdk", "event-dict", "event-sdk"])
+def test_a_responses_usage_with_both_namings_counts_by_its_own_names(form):
+    """The record's ``completion_tokens`` of a Responses answer is its ``output_tokens``,
+    as its span's ``gen_ai.usage.output_tokens`` is; the Chat name, a gateway's addition,
+    won here. A chat body's own names still win over Responses ones it carries."""
+    event = {"type": "response.completed", "sequence_number": 1, "response": BOTH_NAMINGS}
+    if form == "dict":
+        parsed = ParsedResponse.from_dict(BOTH_NAMINGS)
+    elif form == "event-dict":
+        parsed = ParsedResponse.from_dict(event)
+    else:
+        kind = openai.types.responses.ResponseCompletedEvent if "event" in form else None
+        sdk_object = construct_type(
+            type_=kind or openai.types.responses.Response,
+            value=event if kind else BOTH_NAMINGS,
+        )
+        parsed = ParsedResponse.from_sdk(sdk_object)
+    assert parsed.usage is not None
+    assert (parsed.usage["prompt_tokens"], parsed.usage["completion_tokens"]) == (5, 40)
+    assert last_completion_tokens([parsed]) == 40
+    chat = ParsedResponse.from_dict({"choices": [], "usage": BOTH_NAMINGS["usage"]})
+    assert chat.usage is not None and chat.usage["completion_tokens"] == 41
+
+
 # ---------------------------------------------------------------- through a real client
 
 

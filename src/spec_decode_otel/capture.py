@@ -153,13 +153,24 @@ def _choice_view(choice: Any) -> Mapping[str, Any]:
     return _with_provider_fields(view)
 
 
+def usage_view(usage: Any, responses: bool) -> Mapping[str, Any] | None:
+    """A usage block, raw JSON or the SDK's object, with the Chat Completions count names
+    adapters read; ``responses``: it answers a Responses API call (see :func:`_usage_dict`)."""
+    if usage is None or isinstance(usage, Mapping):
+        return _usage_dict(usage, responses)
+    return _usage_view(usage, responses)
+
+
 def _usage_dict(usage: Any, responses: bool) -> Mapping[str, Any] | None:
     """A raw usage block with the Chat Completions count names adapters read. Those of a
     Responses API usage (``responses``) are its own counts, whatever Chat names it also
     carries; any other block keeps its Chat counts and gets the ones it lacks."""
     if not isinstance(usage, Mapping):
         return None
-    names = [(o, t) for o, t in _USAGE_NAMES if t in usage and (responses or o not in usage)]
+    get = usage.get
+    names = [
+        (o, t) for o, t in _USAGE_NAMES if get(t) is not None and (responses or get(o) is None)
+    ]
     if not names:
         return usage
     view = dict(usage)

@@ -21,7 +21,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from spec_decode_otel._logging import report_internal_error
 from spec_decode_otel.adapters.registry import Detection, detect_outcome
-from spec_decode_otel.capture import ParsedResponse, sdk_choices
+from spec_decode_otel.capture import ParsedResponse, sdk_choices, usage_view
 from spec_decode_otel.instrumentation.genai_metrics import GenAiMetrics
 from spec_decode_otel.instrumentation.hints import hints
 from spec_decode_otel.outcome import Outcome
@@ -246,9 +246,9 @@ class Call:
             # stream wrappers count only an Exception as an error.
             error, read_to_end = None, False
         first_chunk = None if first_chunk_at is None else first_chunk_at - self.started
-        names = _RESPONSES_USAGE if plan.responses_api else _CHAT_USAGE
-        input_tokens = _first_field(usage, names[0])
-        output_tokens = _first_field(usage, names[1])
+        counts = usage_view(usage, plan.responses_api) or {}
+        input_tokens = counts.get("prompt_tokens")
+        output_tokens = counts.get("completion_tokens")
         input_tokens = input_tokens if _is_count(input_tokens) else None
         output_tokens = output_tokens if _is_count(output_tokens) else None
         response_model = response_model if is_short_text(response_model) else None
@@ -394,20 +394,6 @@ def _chunk_usage(chunk: Any) -> Any:
     """A chunk's usage; for a Responses stream event, its response's."""
     usage = field_of(chunk, "usage")
     return usage if usage is not None else field_of(field_of(chunk, "response"), "usage")
-
-
-#: The usage count names of (input, output) tokens, the call's API's first.
-_CHAT_USAGE = (("prompt_tokens", "input_tokens"), ("completion_tokens", "output_tokens"))
-_RESPONSES_USAGE = (("input_tokens", "prompt_tokens"), ("output_tokens", "completion_tokens"))
-
-
-def _first_field(obj: Any, names: Sequence[str]) -> Any:
-    """The first of ``obj``'s fields ``names`` that is not None."""
-    for name in names:
-        value = field_of(obj, name)
-        if value is not None:
-            return value
-    return None
 
 
 def is_short_text(value: Any) -> bool:

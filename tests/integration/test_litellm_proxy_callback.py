@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import threading
@@ -63,7 +64,28 @@ _handler = logging.StreamHandler(sys.stderr)
 _handler.setFormatter(logging.Formatter("SPEC_DECODE_OTEL_LOG %(levelname)s %(message)s"))
 logging.getLogger("spec_decode_otel").addHandler(_handler)
 logging.getLogger("spec_decode_otel").setLevel(logging.DEBUG)
+
+
+def _log_span_durations():
+    # Each span the records file gets, with its duration, in the log (see SPAN_LINE).
+    from spec_decode_otel.records import RecordsFileProcessor
+
+    own = RecordsFileProcessor.on_end
+
+    def on_end(self, span):
+        if span.context is not None and span.start_time and span.end_time:
+            seconds = (span.end_time - span.start_time) / 1e9
+            print(f"SPEC_DECODE_OTEL_SPAN {span.context.span_id:016x} {seconds:.3f}",
+                  file=sys.stderr, flush=True)
+        own(self, span)
+
+    RecordsFileProcessor.on_end = on_end
+
+
+_log_span_durations()
 """
+#: A span's id and duration (seconds) as SITECUSTOMIZE logs them.
+SPAN_LINE = re.compile(r"^SPEC_DECODE_OTEL_SPAN ([0-9a-f]{16}) ([0-9.]+)$", re.MULTILINE)
 
 #: The proxy's flags after the config: loopback, one worker, then the port.
 
@@ -110,6 +132,11 @@ class Proxy:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def span_seconds(self, span_id: str) -> float:
+        """The duration of the span ``span_id`` (its row's), as the proxy logged it."""
+        durations = {m[1]: float(m[2]) for m in SPAN_LINE.finditer(self.log_text())}
+        return durations[span_id]
 
 
 def example_config(simulator_url: str, key: str) -> dict[str, Any]:
@@ -401,6 +428,41 @@ def test_a_stream_the_client_leaves_gives_one_row(route: str, api: str, proxy: P
     time.sleep(1.0)
     assert len(proxy.rows()) == proxy.given
     assert (row["outcome"], row["record"]) == ("not_read_to_end", None)
+
+
+@pytest.mark.parametrize("lines", [6, 18], ids=["before-text", "after-text"])
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_responses_stream_the_client_leaves_gives_one_row_at_once(
+    route: str, lines: int, proxy: Proxy
+) -> None:
+    """A streamed ``/v1/responses`` call the client leaves mid-way (``lines`` SSE lines of
+    a slow stream, simulator fault ``slow``: two events, before any output text, or six,
+    after some), either route: its one row, ``not_read_to_end``, comes within seconds of
+    the client leaving, with a span that ends when it left.
+
+    The LiteLLM 1.110.2 proxy reports such a call's end only when it relayed output text
+    to bill: a success event for the ``response.incomplete`` event it builds
+    (``_bill_partial_streamed_spend_on_disconnect``, proxy/common_request_processing.py;
+    ``partial_response_on_disconnect``, responses/streaming_iterator.py, None before any
+    text). Its Router does close the server's stream (``stream_with_fallbacks``,
+    litellm/router_rust/invoke/streaming.py), which ends the call now. Before that, a
+    stream left before any text gave its row only when the cyclic collector freed
+    LiteLLM's iterator, which the Router's per-call wrapper class holds
+    (``wrap_responses_stream``, same file): tens of seconds later on ``openai/``, its
+    span that much longer, and on ``hosted_vllm/`` at times never."""
+    assert len(proxy.rows()) == proxy.given, "an earlier call gave more records"
+    assert send_and_read(proxy, Case(route, "vllm", "responses", True), "slow", lines) == lines
+    left = time.monotonic()
+    proxy.given += 1
+    while len(proxy.rows()) < proxy.given:
+        assert time.monotonic() - left < 5, "no record within 5 s:\n" + proxy.log_text()
+        time.sleep(0.02)
+    time.sleep(1.0)  # a second row would come now
+    assert len(proxy.rows()) == proxy.given
+    row = proxy.rows()[-1]
+    assert (row["outcome"], row["record"]) == ("not_read_to_end", None)
+    # a few events of a stream sent 300 ms apart, then the hang-up
+    assert proxy.span_seconds(row["span_id"]) < 5
 
 
 def test_no_stray_record_and_no_internal_error(proxy: Proxy) -> None:

@@ -33,7 +33,8 @@ The span is made when LiteLLM logs a non-streamed call's answer, or reports a st
 or failed call's end, with the call's own start and end times, as a child of the span
 that was current when the call started. A stream the caller drops (or closes) before
 its end, which LiteLLM never reports (chat, Responses, a text completion's, read in part,
-unread, or closed after its last content chunk), ends when it is reclaimed:
+unread, or closed after its last content chunk), ends when it is reclaimed, or, for
+an async Responses stream, closed (as the proxy closes it when its client hangs up):
 ``not_read_to_end`` when LiteLLM's own handler read it, as the openai wrapper ends an SDK
 stream dropped early; one the SDK read keeps only the wrapper's span. The classes
 patched for this are put back once no callback is registered. LiteLLM's own
@@ -580,7 +581,8 @@ def _watch_dropped_streams(callback: SpecDecodeLiteLLMCallback) -> None:
     collector reclaims a stream LiteLLM has not reported ended, its call is ended on the
     finalizer thread (:mod:`spec_decode_otel.instrumentation.finalizer`), as the openai
     wrapper's stream proxies end theirs. A stream the caller keeps after ``close()``
-    ends when reclaimed.
+    ends when reclaimed, except an async Responses stream, which ends when closed
+    (:func:`_responses_stream_closed`).
     """
     global _own_iteration, _responses_iteration
     with _watch_lock:
@@ -618,6 +620,13 @@ def _watch_dropped_streams(callback: SpecDecodeLiteLLMCallback) -> None:
                 }
             )
             _patch_del(responses.BaseResponsesAPIStreamingIterator, _responses_stream_reclaimed)
+            own_aclose = vars(responses.ResponsesAPIStreamingIterator).get("aclose", ABSENT)
+            if own_aclose is not ABSENT:
+                _patches.set(
+                    responses.ResponsesAPIStreamingIterator,
+                    "aclose",
+                    wrapt.FunctionWrapper(own_aclose, _responses_stream_closed),
+                )
         except Exception:
             report_internal_error("litellm.watch_responses_streams")
 
@@ -703,7 +712,8 @@ def _stream_reclaimed(stream: Any) -> None:
 
 
 def _responses_stream_reclaimed(stream: Any) -> None:
-    """In a Responses iterator's ``__del__``, as :func:`_stream_reclaimed`.
+    """In a Responses iterator's ``__del__`` (or after its ``aclose``), as
+    :func:`_stream_reclaimed`.
 
     LiteLLM 1.110.2 has reported, or is reporting, a Responses stream's end when it
     logged the terminal event (``_completed_response_logged``, set before the success
@@ -727,6 +737,27 @@ def _responses_stream_reclaimed(stream: Any) -> None:
         _queue_end(state.get("logging_obj"), sdk_stream=False)
     except Exception as error:
         _report_later(error)
+
+
+async def _responses_stream_closed(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """``ResponsesAPIStreamingIterator.aclose``: LiteLLM's own, then the stream is judged
+    as when reclaimed (:func:`_responses_stream_reclaimed`).
+
+    LiteLLM 1.110.2's Router closes the server's stream once its own stream ends, as the
+    proxy's client hangs up too (``stream_with_fallbacks``' ``finally``,
+    litellm/router_rust/invoke/streaming.py), and the proxy reports a hung-up call's end
+    only when it relayed output text to bill (``partial_response_on_disconnect``,
+    responses/streaming_iterator.py). The Router's wrapper is a class made per call
+    (``wrap_responses_stream``, same file) whose methods hold the iterator in their
+    closures, and a class is freed only by the cyclic collector, tens of seconds later
+    or not at all: the call waited for that, its span's end with it. A closed iterator
+    reads nothing more (its HTTP response is closed), so its call ends now. A stream
+    read to its end, or failed, is LiteLLM's to report, and a second end (its reclaim,
+    or a disconnect's billing event) finds the call ended already."""
+    try:
+        return await wrapped(*args, **kwargs)
+    finally:
+        _responses_stream_reclaimed(instance)
 
 
 def _call_reclaimed(logging_obj: Any) -> None:

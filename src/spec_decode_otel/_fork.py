@@ -32,15 +32,7 @@ class ForkSafeLock:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        if hasattr(os, "register_at_fork"):  # POSIX
-            this = weakref.ref(self)
-
-            def renew_in_child() -> None:
-                lock = this()
-                if lock is not None:
-                    lock._lock = threading.Lock()
-
-            os.register_at_fork(after_in_child=renew_in_child)
+        _live.add(self)
 
     def __enter__(self) -> None:
         self._lock.acquire()
@@ -52,3 +44,18 @@ class ForkSafeLock:
 def fork_safe_lock() -> ForkSafeLock:
     """A new lock that a forked child gets unlocked."""
     return ForkSafeLock()
+
+
+#: Every lock alive: one after-fork hook renews them all. A hook per lock could never be
+#: removed (``os.register_at_fork`` has no counterpart), so each meter provider the
+#: package ever served would leave its locks' hooks behind, run at every later fork.
+_live: weakref.WeakSet[ForkSafeLock] = weakref.WeakSet()
+
+
+def _renew_in_child() -> None:
+    for lock in list(_live):
+        lock._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_renew_in_child)

@@ -309,3 +309,41 @@ def test_streams_leave_the_exit_handler_list_as_it_was(engine_payloads, quiet_ot
         client.close()
     assert after == before, f"{after - before} exit handler slots for 200 streams"
     assert quiet_otel.counter.open == 0
+
+
+def _after_fork_hooks() -> list[Any]:
+    """The interpreter's list of ``after_in_child`` fork hooks (``os.register_at_fork``
+    has no reader): the one list the garbage collector sees holding a hook registered
+    here to find it."""
+
+    def marker() -> None:
+        pass
+
+    os.register_at_fork(after_in_child=marker)
+    (hooks,) = [ref for ref in gc.get_referrers(marker) if isinstance(ref, list)]
+    return hooks
+
+
+@pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="no fork on this platform")
+def test_meter_providers_served_leave_no_fork_hook_behind() -> None:
+    """Each of the package's fork-safe locks registered its own after-fork hook, which
+    nothing can remove, and every meter provider gets six (its counters' sums and its
+    series bound): ``setup()``/``shutdown()`` or ``instrument()``/``uninstrument()``
+    cycles, or a meter provider per client, left six hooks each for the life of the
+    process, all run at every later fork. One hook now renews every live lock."""
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from spec_decode_otel.telemetry import instruments_for
+
+    hooks = _after_fork_hooks()
+    before = len(hooks)
+    for _ in range(50):
+        provider = MeterProvider()
+        instruments_for(provider)
+        provider.shutdown()
+    ours = [
+        h
+        for h in hooks[before:]
+        if (getattr(h, "__module__", None) or "").startswith("spec_decode_otel")
+    ]
+    assert not ours, f"{len(ours)} fork hooks of ours for 50 providers"

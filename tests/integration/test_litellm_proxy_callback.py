@@ -57,6 +57,9 @@ FAULTS = ("drop-mid-stream", "slow", "http-500")
 #: Shapes measured (each one's engine is in the proxy config): vLLM merged and pre-merge,
 #: SGLang, TensorRT-LLM (and its released mean-only form), llama.cpp, smg's usage pair.
 SHAPES = ("vllm", "vllm-premerge", "sglang", "trtllm", "trtllm-released", "llamacpp", "smg")
+#: Deployments of each ``retried-<route>`` group, by ``order``: all answer 429 but the
+#: last (a deployment that answers 429 is cooled down at once, so each retry goes on).
+RETRIED_ORDERS = 3
 #: Surfaces the proxy's spec_decode_otel log (a handler on its logger, DEBUG) in its log.
 SITECUSTOMIZE = """\
 import logging, sys
@@ -178,6 +181,24 @@ def example_config(simulator_url: str, key: str) -> dict[str, Any]:
             for route in ROUTES
             for engine in ("vllm", "sglang")
             for fault in FAULTS
+        ]
+        + [
+            {  # a group whose Router retries twice before its third deployment answers
+                "model_name": f"retried-{route}",
+                "litellm_params": {
+                    **templates[route]["litellm_params"],
+                    "model": f"{route}/{MODEL}",
+                    "api_base": simulator_url,
+                    "order": order,
+                    "extra_headers": {
+                        "x-spec-decode-engine": "vllm",
+                        "x-sim-seed": str(SEED + order - RETRIED_ORDERS),
+                        **({"x-sim-fault": "http-429"} if order < RETRIED_ORDERS else {}),
+                    },
+                },
+            }
+            for route in ROUTES
+            for order in range(1, RETRIED_ORDERS + 1)
         ]
         + [
             {  # the example's entry for Anthropic Messages clients
@@ -463,6 +484,44 @@ def test_a_responses_stream_the_client_leaves_gives_one_row_at_once(
     assert (row["outcome"], row["record"]) == ("not_read_to_end", None)
     # a few events of a stream sent 300 ms apart, then the hang-up
     assert proxy.span_seconds(row["span_id"]) < 5
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_each_failed_attempt_the_router_retries_gives_one_error_row(
+    route: str, proxy: Proxy, simulator_url: str
+) -> None:
+    """A chat call with ``num_retries`` to a group whose first two deployments answer 429
+    (``retried-<route>``): three attempts, three rows, ``error``, ``error``, then the
+    answer's record.
+
+    The LiteLLM 1.110.2 proxy runs every attempt of a request on the request's one
+    ``Logging`` object, which logs one failure a request (``should_run_logging``,
+    litellm/litellm_core_utils/litellm_logging.py; ``failure_already_logged``,
+    litellm/router_rust/surface/health.py): the second attempt's failure reaches no
+    callback. On ``openai/`` the openai wrapper records it from the wire; on
+    ``hosted_vllm/`` it had no row (two rows for three attempts). Its details carry the
+    logged failure (``has_logged_async_failure``) when it starts, so the next attempt's
+    start on them ends it."""
+    case = Case(route, "vllm", "chat", False)
+    engine = record_from_json(direct(simulator_url, case), case.body())
+    assert engine is not None
+    assert len(proxy.rows()) == proxy.given, "an earlier call gave more records"
+    body = {**case.body(), "model": f"retried-{route}", "num_retries": RETRIED_ORDERS}
+    response = httpx.post(
+        proxy.base_url + case.path(),
+        json=body,
+        headers={"authorization": f"Bearer {proxy.key}"},
+        timeout=30,
+    )
+    assert response.status_code == 200
+    assert response.headers["x-litellm-attempted-retries"] == str(RETRIED_ORDERS - 1)
+    rows = proxy.wait(RETRIED_ORDERS)
+    time.sleep(1.0)  # a fourth row would come now
+    assert len(proxy.rows()) == proxy.given
+    assert [(r["outcome"], r["record"]) for r in rows] == [
+        *[("error", None)] * (RETRIED_ORDERS - 1),
+        (expected_outcome(engine), as_recorded(engine)),
+    ]
 
 
 def test_no_stray_record_and_no_internal_error(proxy: Proxy) -> None:

@@ -167,6 +167,18 @@ def sent_by_responses_handler(kwargs: Mapping[str, Any]) -> bool:
     return body is not None and "input" in body and "messages" not in body
 
 
+def failure_logged(kwargs: Mapping[str, Any]) -> bool:
+    """LiteLLM has already logged a failure on these call details, so it reports no
+    failure of this attempt: a ``Logging`` object logs one failure a request
+    (``should_run_logging``'s ``has_logged_async_failure`` / ``has_logged_sync_failure``,
+    litellm/litellm_core_utils/litellm_logging.py, LiteLLM 1.110.2), and the proxy's Router
+    runs every attempt of a request on the request's one (``failure_already_logged``,
+    litellm/router_rust/surface/health.py)."""
+    return kwargs.get("has_logged_async_failure") is True or (
+        kwargs.get("has_logged_sync_failure") is True
+    )
+
+
 def request_body(kwargs: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The JSON body LiteLLM built for the request (logged before it sends it)."""
     additional = kwargs.get("additional_args")

@@ -134,6 +134,10 @@ class _Started:
     #: the response (:meth:`SpecDecodeLiteLLMCallback._responded`), weakly: the call
     #: is forgotten when it is reclaimed.
     sender: weakref.ref[Any] | None = None
+    #: The identity of LiteLLM's call details it started on, when LiteLLM had already
+    #: logged a failure on them (:func:`._litellm_kwargs.failure_logged`): its own
+    #: failure goes unreported (:meth:`_Calls.silent_before`).
+    silent_on: int | None = None
 
 
 class _Calls:
@@ -182,6 +186,20 @@ class _Calls:
         if key is None or key[0] != call_id[0] or key == call_id:
             return None
         return self.end(key)
+
+    def silent_before(self, call_id: wire.Key, details: int) -> list[_Started]:
+        """Ends and returns the earlier attempts of ``call_id``'s call still open that
+        started on the same call details (``details``, their identity) after LiteLLM had
+        logged a failure on them: another attempt on those details starting means the
+        Router gave up on them, and LiteLLM reports no more failures there. Attempts
+        with details of their own (side by side, or without a Router) are not touched."""
+        with self._lock:
+            keys = [
+                key
+                for key, started in self._started.items()
+                if key[0] == call_id[0] and key != call_id and started.silent_on == details
+            ]
+        return [started for key in keys if (started := self.end(key)) is not None]
 
     def get(self, call_id: wire.Key) -> _Started | None:
         with self._lock:
@@ -305,6 +323,8 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         if not _ours(kwargs) or wire.mocked(kwargs):
             return
 
+        silent_on = id(kwargs) if wire.failure_logged(kwargs) else None
+
         def make() -> _Started:
             body = wire.request_body(kwargs)
             return _Started(
@@ -315,6 +335,7 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
                 _requested_sequences(body or {}),
                 self,
                 _kept(kwargs),
+                silent_on=silent_on,
             )
 
         # Made here, never where a stream is reclaimed (see the finalizer module).
@@ -330,6 +351,9 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         if before is not None and before is not mark:
             retried = _calls.retried(call_id, before)
             if retried is not None:
+                self._retried(retried, wire.attempt_start(kwargs))
+        if silent_on is not None:
+            for retried in _calls.silent_before(call_id, silent_on):
                 self._retried(retried, wire.attempt_start(kwargs))
 
     def _responded(self, kwargs: Mapping[str, Any]) -> None:
@@ -419,8 +443,11 @@ class SpecDecodeLiteLLMCallback(CustomLogger):
         """An attempt LiteLLM retried without reporting that it failed: a failed one, ended
         when the next began. LiteLLM 1.110.2 reports no end for the attempt a sync call's
         ``num_retries`` retries (the ``client`` wrapper's ``except`` returns
-        ``completion_with_retries`` before its failure logging, utils.py). The openai
-        wrapper ends one that went through the SDK itself."""
+        ``completion_with_retries`` before its failure logging, utils.py), nor for the
+        failed attempts of a proxy request after its first failure (they share the
+        request's ``Logging`` object, which logs one failure: ``should_run_logging``,
+        litellm/litellm_core_utils/litellm_logging.py). The openai wrapper ends one that
+        went through the SDK itself."""
         try:
             kept = started.kept
             if not self._enabled or not _ours(kept) or started.mark.went_through_sdk():
